@@ -1,0 +1,106 @@
+"""Sampling parameters and a batch-invariant sampler (DESIGN.md section 4).
+
+The sampler is the Gumbel-max trick: adding independent Gumbel noise to the
+(temperature-scaled, masked) logits and taking the argmax draws a token from
+softmax(logits / T) exactly.  The noise for a token comes from a counter-based
+RNG keyed by (request seed, absolute position of that token), not from a global
+stream, so a request draws the same noise, and therefore the same tokens,
+whether it runs alone or in any batch, in any order, on any device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import numpy as np
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """vLLM's field names.  temperature=0 means greedy; top_k=0 and top_p=1 mean off."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    seed: int = 0
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not np.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {t!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 means off), got {self.top_k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not (0 < p <= 1):
+            raise ValueError(f"top_p must be a number in (0, 1] (1 means off), got {p!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def gumbel_noise(seed: int, position: int, vocab_size: int) -> np.ndarray:
+    """Gumbel(0, 1) noise for one token, keyed by (seed, absolute position).
+
+    Philox is a counter-based generator: the key alone fixes the stream, so no
+    state is shared between requests or carried from one step to the next.
+    """
+    key = np.array([int(seed) & 0xFFFFFFFFFFFFFFFF, int(position)], dtype=np.uint64)
+    u = np.random.Generator(np.random.Philox(key=key)).random(vocab_size)
+    u = np.clip(u, np.finfo(np.float64).tiny, 1.0)  # random() can return exactly 0
+    return -np.log(-np.log(u))
+
+
+def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
+    """True for the tokens kept: the k largest logits (ties at the k-th value are all kept)."""
+    if k <= 0 or k >= logits.size:
+        return np.ones(logits.shape, dtype=bool)
+    kth = np.partition(logits, -k)[-k]
+    return logits >= kth
+
+
+def top_p_mask(logits: np.ndarray, p: float) -> np.ndarray:
+    """True for the nucleus: the most probable tokens whose probabilities first add up to >= p.
+
+    A token is kept when the probability mass strictly before it (in descending
+    order) is still below p, so the most likely token is always kept.
+    """
+    if p >= 1.0:
+        return np.ones(logits.shape, dtype=bool)
+    probs = softmax(logits)
+    order = np.argsort(-probs, kind="stable")
+    mass_before = np.cumsum(probs[order]) - probs[order]
+    keep = np.zeros(logits.shape, dtype=bool)
+    keep[order[mass_before < p]] = True
+    return keep
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - np.max(x))
+    return z / z.sum()
+
+
+def processed_logits(logits, params: SamplingParams) -> np.ndarray:
+    """Temperature, then top-k, then top-p (vLLM's order); masked tokens get -inf."""
+    scaled = np.asarray(logits, dtype=np.float64) / params.temperature
+    scaled = np.where(top_k_mask(scaled, params.top_k), scaled, -np.inf)
+    return np.where(top_p_mask(scaled, params.top_p), scaled, -np.inf)
+
+
+def sample_token(logits, params: SamplingParams, position: int) -> int:
+    """The token at absolute ``position``, from the logits that predict it."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if params.greedy:
+        return int(np.argmax(logits))
+    scores = processed_logits(logits, params) + gumbel_noise(params.seed, position, logits.size)
+    return int(np.argmax(scores))
