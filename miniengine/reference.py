@@ -33,12 +33,14 @@ def in_dtype(model, dtype: torch.dtype):
 
 @torch.no_grad()
 def naive_generate(model, prompts, params, eos_token_id: int | None = None, dtype=torch.float64,
-                   return_logits: bool = False) -> list[Completion]:
+                   return_logits: bool = False, on_token=None) -> list[Completion]:
     """Decode a ragged batch of prompts (lists of token ids) by recomputing every prefix at every step.
 
     ``params`` is one SamplingParams for all prompts or a list of one per prompt.
     Each request's tokens depend only on its own prompt and params: the sampler's
     noise is keyed by (seed, position), and attention never crosses sequences.
+    ``on_token(request_index, token_id)``, if given, is called as each token is
+    chosen, for streaming.
     """
     cfg = model.config
     if eos_token_id is None:
@@ -68,6 +70,8 @@ def naive_generate(model, prompts, params, eos_token_id: int | None = None, dtyp
                 c.logits.append(logits[row].clone())
             tok = sample_token(logits[row], params[i], position=lens[row])
             c.token_ids.append(tok)
+            if on_token is not None:
+                on_token(i, tok)
             if tok == eos_token_id and not params[i].ignore_eos:
                 c.finish_reason = "stop"
             elif len(c.token_ids) < params[i].max_tokens:

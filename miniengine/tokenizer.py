@@ -54,3 +54,22 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
 
 def eos_id(tok: Tokenizer) -> int:
     return tok.token_to_id(EOS_TOKEN)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas, for streaming.
+
+    One character can span several byte-level tokens, so a delta is held back
+    while the decoded tail ends in an incomplete character (U+FFFD).
+    """
+
+    def __init__(self, tok: Tokenizer):
+        self.tok, self.ids, self.text = tok, [], ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        text = self.tok.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.text = text[len(self.text):], text
+        return delta

@@ -1,0 +1,188 @@
+"""Golden outputs: the reference's tokens on screened prompts, which every milestone is tested against.
+
+    python -m miniengine golden            # rewrite data/golden/visible.json and autograder/hidden/golden.json
+    python -m miniengine golden --check    # exit 1 if the shipped files differ from a fresh regeneration
+
+Screening (DESIGN.md section 4) keeps near-ties out, so that any correct float32
+implementation matches token for token:
+  * greedy: at every step the top-1 and top-2 logits differ by at least GAP;
+  * sampled: the top-1 and top-2 Gumbel-perturbed scores differ by at least GAP,
+    no top-k cut falls within CUTOFF of a tie, and no token's preceding
+    probability mass lies within CUTOFF of top_p.
+A sampled case that fails is retried with the next seed; a greedy case that
+fails is cut just before its first near-tie.
+
+The hidden prompts are for the autograder's hidden tests.  They, and their
+golden file, live under autograder/hidden/, which ``autograder release`` never
+copies to students; without that folder only the visible file is built.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .model import load_model
+from .paths import GOLDEN, REPO_ROOT, TARGET
+from .reference import naive_generate
+from .sampling import SamplingParams, gumbel_noise, processed_logits, softmax
+from .tokenizer import load_tokenizer
+
+GAP = 1e-3
+CUTOFF = 1e-4
+MAX_TOKENS = 24
+MIN_TOKENS = 8  # a greedy case cut shorter than this is dropped
+SEED_TRIES = 20
+
+VISIBLE_PROMPTS = [
+    "def fibonacci(n):",
+    "import os\n\ndef list_files(path):",
+    "class Stack:\n    def __init__(self):",
+    "for i in range(10):",
+    'def is_prime(n):\n    """Return True if n is prime."""',
+    "with open(filename) as f:",
+    "try:\n    import json\nexcept ImportError:",
+    "def read_config(path):\n    config = {}",
+]
+# One case per sampler the course builds: greedy, plain temperature, top-k, top-p, and all three.
+CASE_KINDS = {
+    "greedy": dict(temperature=0.0),
+    "temperature": dict(temperature=0.8),
+    "top_k": dict(temperature=1.0, top_k=20),
+    "top_p": dict(temperature=1.0, top_p=0.8),
+    "combined": dict(temperature=0.7, top_k=40, top_p=0.9),
+}
+VISIBLE_FILE = GOLDEN / "visible.json"
+HIDDEN_DIR = REPO_ROOT / "autograder" / "hidden"
+HIDDEN_FILE = HIDDEN_DIR / "golden.json"
+HIDDEN_PROMPTS_FILE = HIDDEN_DIR / "prompts.json"  # instructor-only, like the golden file built from it
+
+
+def step_margins(logits: np.ndarray, params: SamplingParams, position: int) -> dict:
+    """How far one sampling step is from a tie: each must clear its threshold for the step to be screened in."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if params.greedy:
+        top2 = np.sort(logits)[-2:]
+        return {"gap": float(top2[1] - top2[0])}
+    scores = processed_logits(logits, params) + gumbel_noise(params.seed, position, logits.size)
+    top2 = np.sort(scores)[-2:]
+    margins = {"gap": float(top2[1] - top2[0])}
+    scaled = logits / params.temperature
+    if 0 < params.top_k < logits.size:
+        s = np.sort(scaled)[::-1]
+        margins["top_k"] = float(s[params.top_k - 1] - s[params.top_k])
+    if params.top_p < 1:
+        masked = np.where(np.isfinite(processed_logits(logits, SamplingParams(
+            temperature=params.temperature, top_k=params.top_k))), scaled, -np.inf)
+        probs = np.sort(softmax(masked))[::-1]
+        mass_before = np.cumsum(probs) - probs
+        margins["top_p"] = float(np.min(np.abs(mass_before - params.top_p)))
+    return margins
+
+
+def first_unsafe_step(completion, params: SamplingParams) -> tuple[int | None, dict]:
+    """Index of the first step that fails screening (None if all pass), and the smallest margins seen."""
+    worst: dict = {}
+    for step, logits in enumerate(completion.logits):
+        m = step_margins(logits.numpy(), params, len(completion.prompt_token_ids) + step)
+        for k, v in m.items():
+            worst[k] = min(worst.get(k, np.inf), v)
+        if m["gap"] < GAP or any(m[k] < CUTOFF for k in ("top_k", "top_p") if k in m):
+            return step, worst
+    return None, worst
+
+
+def model_sha256(model_dir: Path) -> str:
+    return hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def build_cases(model, tok, prompts: list[str], eos_id: int) -> list[dict]:
+    cases = []
+    for pi, prompt in enumerate(prompts):
+        ids = tok.encode(prompt).ids
+        for kind, fields in CASE_KINDS.items():
+            for attempt in range(1 if kind == "greedy" else SEED_TRIES):
+                params = SamplingParams(max_tokens=MAX_TOKENS, seed=1000 * pi + attempt, **fields)
+                c = naive_generate(model, [ids], params, eos_id, return_logits=True)[0]
+                bad, worst = first_unsafe_step(c, params)
+                if bad is None:
+                    break
+                if kind == "greedy" and bad >= MIN_TOKENS:  # keep the screened prefix
+                    params = SamplingParams(max_tokens=bad, seed=params.seed, **fields)
+                    c = naive_generate(model, [ids], params, eos_id, return_logits=True)[0]
+                    bad, worst = first_unsafe_step(c, params)
+                    break
+            if bad is not None:
+                print(f"  dropped {kind!r} for prompt {pi}: no screened run")
+                continue
+            cases.append({
+                "name": f"p{pi}-{kind}",
+                "prompt": prompt,
+                "prompt_token_ids": ids,
+                "params": {k: getattr(params, k) for k in ("temperature", "top_k", "top_p", "max_tokens", "seed")},
+                "token_ids": c.token_ids,
+                "text": tok.decode(c.token_ids),
+                "finish_reason": c.finish_reason,
+                "tokens_processed": c.tokens_processed,
+                "chosen_logits": [round(float(l[t]), 6) for l, t in zip(c.logits, c.token_ids)],
+                "min_margins": {k: round(v, 6) for k, v in worst.items()},
+            })
+    return cases
+
+
+def build(model_dir: Path = TARGET) -> dict[Path, dict]:
+    model = load_model(model_dir)
+    tok = load_tokenizer(model_dir)
+    header = {
+        "about": "Reference (float64 naive decode) outputs on screened prompts; regenerate with `python -m miniengine golden`.",
+        "model": Path(model_dir).resolve().relative_to(REPO_ROOT).as_posix() if Path(model_dir).resolve().is_relative_to(REPO_ROOT) else str(model_dir),
+        "model_sha256": model_sha256(model_dir),
+        "screening": {"gap": GAP, "cutoff": CUTOFF},
+        "eos_token_id": model.config.eos_token_id,
+    }
+    eos = model.config.eos_token_id
+    files = {VISIBLE_FILE: {**header, "cases": build_cases(model, tok, VISIBLE_PROMPTS, eos)}}
+    if HIDDEN_PROMPTS_FILE.exists():
+        hidden = json.loads(HIDDEN_PROMPTS_FILE.read_text())["prompts"]
+        files[HIDDEN_FILE] = {**header, "cases": build_cases(model, tok, hidden, eos)}
+    return files
+
+
+def dumps(data: dict) -> str:
+    return json.dumps(data, indent=1) + "\n"
+
+
+def load_golden(path: Path = VISIBLE_FILE) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def same(a, b, tol: float = 1e-5) -> bool:
+    """Equal, except that floats may differ by ``tol`` (BLAS summation order varies across machines)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= tol * max(1.0, abs(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y, tol) for x, y in zip(a, b))
+    return a == b
+
+
+def run(args) -> int:
+    files = build(Path(args.model))
+    if args.check:
+        stale = [p for p, d in files.items() if not p.exists() or not same(d, load_golden(p))]
+        for p in stale:
+            print(f"{p.relative_to(REPO_ROOT)} differs from a fresh regeneration")
+        return 1 if stale else 0
+    for path, data in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dumps(data))
+        print(f"wrote {len(data['cases'])} cases to {path.relative_to(REPO_ROOT)}")
+    return 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=str(TARGET), help="model directory (default: the shipped target)")
+    p.add_argument("--check", action="store_true", help="compare with the shipped files instead of writing them")

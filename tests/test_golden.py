@@ -1,0 +1,44 @@
+"""The golden files: screened, reproducible, and hidden prompts kept out of what students receive."""
+import subprocess
+
+from miniengine import golden as golden_mod
+from miniengine.paths import REPO_ROOT
+from miniengine.sampling import SamplingParams
+
+
+def test_shipped_golden_files_equal_a_fresh_regeneration():
+    fresh = golden_mod.build()
+    for path, data in fresh.items():
+        assert golden_mod.same(data, golden_mod.load_golden(path)), f"{path} is stale: run python -m miniengine golden"
+
+
+def test_every_case_clears_the_screening_margins(golden, hidden_golden):
+    for data in (golden, hidden_golden):
+        assert data["cases"], "no golden cases"
+        for c in data["cases"]:
+            m = c["min_margins"]
+            assert m["gap"] >= golden_mod.GAP, c["name"]
+            assert m.get("top_k", 1) >= golden_mod.CUTOFF and m.get("top_p", 1) >= golden_mod.CUTOFF, c["name"]
+            SamplingParams(**c["params"])  # well-formed
+
+
+def test_visible_golden_covers_every_sampler(golden):
+    kinds = {c["name"].split("-", 1)[1] for c in golden["cases"]}
+    assert kinds == set(golden_mod.CASE_KINDS)
+
+
+def golden_mod:
+    return golden
+
+
+def test_hidden_prompts_are_absent_from_student_facing_files(hidden_golden):
+    tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=REPO_ROOT).stdout.split()
+    student_facing = [p for p in tracked if not p.startswith("autograder/hidden/")]
+    hidden = {c["prompt"] for c in hidden_golden["cases"]}
+    for path in student_facing:
+        try:
+            text = (REPO_ROOT / path).read_text()
+        except (UnicodeDecodeError, FileNotFoundError):
+            continue
+        for prompt in hidden:
+            assert prompt not in text, f"hidden prompt {prompt!r} appears in {path}"

@@ -1,0 +1,30 @@
+"""Setup files stay consistent: environment.yml mirrors pyproject, the README gives the two commands."""
+import re
+import tomllib
+
+from miniengine.paths import REPO_ROOT
+
+
+def test_environment_yml_matches_pyproject():
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(pyproject["dependencies"])
+    for extra in pyproject["optional-dependencies"].values():
+        wanted |= set(extra)
+    lines = (REPO_ROOT / "environment.yml").read_text().splitlines()
+    pip_deps = {m.group(1).strip() for line in lines if (m := re.match(r"^\s+- (?!-e)(.+)$", line)) and not line.strip().startswith("- python") and line.strip() != "- pip" and line.strip() != "- pip:"}
+    assert pip_deps == wanted, f"only in environment.yml: {pip_deps - wanted}; only in pyproject: {wanted - pip_deps}"
+
+
+def test_torch_is_loose_in_pyproject_and_pinned_in_constraints():
+    deps = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.startswith("torch>=") for d in deps)
+    assert "torch==2.13.0" in (REPO_ROOT / "constraints.txt").read_text().splitlines()
+
+
+def test_readme_starts_with_the_two_commands():
+    head = (REPO_ROOT / "README.md").read_text()[:1500]
+    assert "make lab" in head and "make test" in head
+
+
+def test_ci_calls_make_test():
+    assert "make test" in (REPO_ROOT / ".ci" / "run").read_text()

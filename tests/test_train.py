@@ -1,0 +1,29 @@
+"""Training is seeded and resumable: an interrupted run continues exactly as an uninterrupted one."""
+import argparse
+
+import torch
+from safetensors.torch import load_file
+
+from miniengine import train
+from miniengine.paths import TARGET
+
+
+def args_for(out, steps, resume=False):
+    p = argparse.ArgumentParser()
+    train.add_arguments(p)
+    return p.parse_args(["--out", str(out), "--tokenizer", str(TARGET), "--hidden-size", "32", "--layers", "1",
+                         "--heads", "2", "--intermediate-size", "32", "--seq-len", "32", "--batch", "2",
+                         "--steps", str(steps), "--warmup", "10", "--eval-every", "2", "--ckpt-every", "2",
+                         "--threads", "1"] + (["--resume"] if resume else []))
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    train.train(args_for(tmp_path / "straight", 4))
+    train.train(args_for(tmp_path / "split", 2))  # stops (and checkpoints) at step 2 ...
+    train.train(args_for(tmp_path / "split", 4, resume=True))  # ... and continues to step 4
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert (tmp_path / "split" / "tokenizer.json").exists()
