@@ -27,8 +27,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[lab,grading,test,hf]'
 	@# Without JupyterHub, nbgrader's exchange-based extensions only show errors (DESIGN.md section 5, fact 8).
-	$(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.assignment_list nbgrader.server_extensions.course_list >/dev/null 2>&1 || true
-	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader:assignment-list @jupyter/nbgrader:course-list >/dev/null 2>&1 || true
+	$(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.assignment_list nbgrader.server_extensions.course_list >/dev/null 2>&1
+	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader:assignment-list @jupyter/nbgrader:course-list >/dev/null 2>&1
 	touch $(STAMP)
 
 lab: setup

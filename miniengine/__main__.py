@@ -1,4 +1,4 @@
-"""Command line: python -m miniengine {generate,info,train,golden} ...
+"""Command line: python -m miniengine {generate,info,roofline,bench,train,golden,card} ...
 
 Bad arguments exit with status 2 and one line on stderr, never a traceback.
 """
@@ -60,7 +60,7 @@ def cmd_info(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench, golden, modelcard, train
+    from . import bench, golden, modelcard, roofline, train
 
     parser = _Parser(prog="python -m miniengine", description="The course's mini LLM inference engine.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     mc = sub.add_parser("card", help="write a model's card (README.md and loss.png)")
     modelcard.add_arguments(mc)
     mc.set_defaults(func=modelcard.run)
+
+    rf = sub.add_parser("roofline", help="the paper-GPU cost model: step time, bound, MFU, KV capacity")
+    roofline.add_arguments(rf)
+    rf.set_defaults(func=roofline.run)
 
     bench.add_arguments(sub.add_parser("bench", help="benchmarks: tables of medians and ratios measured in one run"))
     return parser
