@@ -1,0 +1,82 @@
+"""``check NOTEBOOK``: a student's own run of the visible tests, outside JupyterLab.
+
+Runs a copy of the notebook top to bottom in a fresh kernel (the notebook file
+itself is not modified), then prints every test cell's result the way the
+grader would judge it.  Hidden test cells are empty in the student edition:
+they are listed, not run.  Exit status 0 when every visible test passed.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import time
+from pathlib import Path
+
+from . import environment, layout, results
+from .sandbox import MEMORY_ENV
+
+
+def _is_empty(source: str) -> bool:
+    return all(not line.strip() or line.lstrip().startswith("#") for line in source.splitlines())
+
+
+def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
+    import nbformat
+    from nbgrader.utils import compute_checksum, determine_grade
+
+    from .execute import GuardedExecute, kernel_arguments
+
+    notebook = Path(notebook)
+    if not notebook.is_file():
+        raise layout.LabError(f"{notebook}: no such notebook")
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+        nbformat.validate(nb)
+    except Exception as e:
+        raise layout.LabError(f"{notebook}: not a readable notebook ({type(e).__name__}: {str(e)[:200]})") from None
+    tests = results.test_cells(nb)
+    if not tests:
+        raise layout.LabError(f"{notebook}: no test cells found (is this a lab notebook?)")
+
+    environment.prepare()
+    os.environ.setdefault(MEMORY_ENV, str(memory_gb))
+    edited = {c.metadata.nbgrader["grade_id"] for c in nb.cells
+              if c.get("metadata", {}).get("nbgrader", {}).get("grade") and "checksum" in c.metadata.nbgrader
+              and not c.metadata.nbgrader.get("solution") and compute_checksum(c) != c.metadata.nbgrader["checksum"]}
+    print(f"running {notebook} in a fresh kernel ({timeout} s per cell) ...", flush=True)
+    start = time.monotonic()
+    executor = GuardedExecute(timeout=timeout, kernel_name="python3", extra_arguments=kernel_arguments())
+    ran, _ = executor.preprocess(copy.deepcopy(nb), {"metadata": {"path": str(notebook.parent.resolve())}})
+    seconds = time.monotonic() - start
+
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in ran.cells if c.get("metadata", {}).get("nbgrader")}
+    visible_ok = visible_n = 0
+    points = max_points = 0.0
+    width = max(len(t.grade_id) for t in tests)
+    for t in tests:
+        cell = cells[t.grade_id]
+        if _is_empty(t.source):
+            print(f"  {t.grade_id:<{width}}  {t.max_points:g} pts  hidden: runs when your notebook is graded")
+            continue
+        score, _ = determine_grade(cell)
+        r = results.judge(cell, score, t, timeout)
+        visible_n += 1
+        visible_ok += r.status == results.PASSED
+        points, max_points = points + r.points, max_points + r.max_points
+        label = " (hidden)" if t.hidden else ""
+        print(f"  {t.grade_id:<{width}}  {t.max_points:g} pts  {r.status}{label}" + (f": {r.message}" if r.message else ""))
+        if t.grade_id in edited:
+            print(f"  {'':<{width}}  note: you edited this test cell; the grader runs the original")
+    for index, cell in enumerate(ran.cells):
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if cell.cell_type == "code" and errors and gid not in cells_of(tests):
+            e = errors[0]
+            print(f"  note: cell {index}{f' ({gid})' if gid else ''} raised {results.describe_error(e.get('ename'), e.get('evalue'), 120)}")
+    kind = "visible tests" if any(_is_empty(t.source) for t in tests) or not any(t.hidden for t in tests) else "tests"
+    print(f"\n{visible_ok} of {visible_n} {kind} passed ({points:g} of {max_points:g} points) in {seconds:.0f} s")
+    return 0 if visible_ok == visible_n else 1
+
+
+def cells_of(tests) -> set[str]:
+    return {t.grade_id for t in tests}

@@ -1,0 +1,153 @@
+"""Command line: python -m autograder {release,grade,feedback,check,verify,regress,bench} ...
+
+Works from any directory: paths are resolved against the repository, the
+nbgrader configuration is built in code, and the environment (Jupyter folders,
+PATH for alembic) is prepared before nbgrader starts.  Bad arguments and
+unknown labs exit with status 2 and one line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import layout
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise SystemExit(_fail(f"{self.prog}: error: {message} (see --help)"))
+
+
+def _fail(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 2
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        return value
+    return parse
+
+
+def cmd_release(args) -> int:
+    from . import environment, release
+
+    environment.prepare()
+    return release.release(args.labs, if_missing=args.if_missing, force=args.force)
+
+
+def cmd_grade(args) -> int:
+    from . import grading, results
+
+    graded = grading.grade(Path(args.path), lab=args.lab, workers=args.workers, timeout=args.timeout,
+                           memory_gb=args.memory_gb, time_limit=args.notebook_timeout, student=args.student,
+                           keep=args.keep)
+    labs = sorted({r.lab for r in graded})
+    out = Path(args.out) if args.out else layout.COURSE / "grades" / (labs[0] if len(labs) == 1 else "all")
+    csv_path, json_path = results.write_reports(graded, out)
+    print()
+    print(results.table(graded, details=not args.brief))
+    print(f"\nwrote {csv_path} and {json_path}")
+    return 0
+
+
+def cmd_feedback(args) -> int:
+    from . import feedback
+
+    return feedback.feedback(args.labs, students=args.student)
+
+
+def cmd_check(args) -> int:
+    from . import check
+
+    return check.check(Path(args.notebook), timeout=args.timeout)
+
+
+def cmd_verify(args) -> int:
+    from . import verify
+
+    return verify.verify(args.labs, workers=args.workers, timeout=args.timeout)
+
+
+def cmd_regress(args) -> int:
+    from . import regress
+
+    return regress.regress(args.notebooks, workers=args.workers, timeout=args.timeout, out=Path(args.out) if args.out else None)
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+
+    return bench.bench(copies=args.copies, workers=args.workers, lab=args.lab)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m autograder", description="Release, grade, check and regression-run the course's notebooks.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="VERB")
+
+    r = sub.add_parser("release", help="write the student notebooks to student/ (nbgrader generate_assignment)")
+    r.add_argument("labs", nargs="*", metavar="LAB", help="labs to release (default: all), e.g. lab01 or lab01_naive_decode")
+    r.add_argument("--if-missing", action="store_true", help="only publish labs whose student notebook does not exist yet")
+    r.add_argument("--force", action="store_true", help="overwrite student notebooks even if edited")
+    r.set_defaults(func=cmd_release)
+
+    g = sub.add_parser("grade", help="grade a folder of submissions, a zip of them, or one notebook")
+    g.add_argument("path", metavar="PATH")
+    g.add_argument("--lab", help="the lab all submissions belong to (default: from file names)")
+    g.add_argument("--student", help="the student's id, when PATH is one notebook (default: from its name)")
+    g.add_argument("--workers", type=_positive(int), default=1, help="notebooks graded at once (default 1)")
+    g.add_argument("--timeout", type=_positive(int), default=60, help="seconds per cell (default 60)")
+    g.add_argument("--notebook-timeout", type=_positive(int), default=None,
+                   help="seconds per notebook (default max(120, 6 x --timeout))")
+    g.add_argument("--memory-gb", type=_positive(float), default=6.0, help="address-space limit per kernel (default 6)")
+    g.add_argument("--out", help="folder for grades.csv and grades.json (default course/grades/LAB)")
+    g.add_argument("--brief", action="store_true", help="print only the summary table")
+    g.add_argument("--keep", action="store_true", help="keep the per-student nbgrader courses under course/tmp/")
+    g.set_defaults(func=cmd_grade)
+
+    f = sub.add_parser("feedback", help="write one HTML page per graded student, hidden tests removed")
+    f.add_argument("labs", nargs="*", metavar="LAB")
+    f.add_argument("--student", action="append", help="only this student (repeatable)")
+    f.set_defaults(func=cmd_feedback)
+
+    c = sub.add_parser("check", help="run the visible tests of your notebook and print each result")
+    c.add_argument("notebook", metavar="NOTEBOOK")
+    c.add_argument("--timeout", type=_positive(int), default=120, help="seconds per cell (default 120)")
+    c.set_defaults(func=cmd_check)
+
+    v = sub.add_parser("verify", help="prove each lab's tests sound: solution full marks, stub zero, hidden tests fail on the stub")
+    v.add_argument("labs", nargs="*", metavar="LAB")
+    v.add_argument("--workers", type=_positive(int), default=2)
+    v.add_argument("--timeout", type=_positive(int), default=60)
+    v.set_defaults(func=cmd_verify)
+
+    rg = sub.add_parser("regress", help="run every lecture and lab source notebook with papermill (FAST=True)")
+    rg.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="only these notebooks (default: all)")
+    rg.add_argument("--workers", type=_positive(int), default=1)
+    rg.add_argument("--timeout", type=_positive(int), default=300, help="seconds per cell (default 300)")
+    rg.add_argument("--out", help="folder for the executed notebooks and summary (default build/regress)")
+    rg.set_defaults(func=cmd_regress)
+
+    b = sub.add_parser("bench", help="time one grade, a folder of copies with workers, and regress of lecture 01 + lab 01")
+    b.add_argument("--copies", type=_positive(int), default=20)
+    b.add_argument("--workers", type=_positive(int), default=2)
+    b.add_argument("--lab", default="lab01")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except layout.LabError as e:
+        return _fail(f"python -m autograder {args.command}: error: {e}")
+    except KeyboardInterrupt:
+        return _fail(f"python -m autograder {args.command}: interrupted")

@@ -1,0 +1,56 @@
+"""nbgrader's Execute preprocessor, made to survive a kernel that dies or stops making sense.
+
+nbgrader's own Execute lets a DeadKernelError escape (after ``os.kill``, a
+segfault, the OOM killer), and so does any error in the kernel protocol (a
+notebook that monkeypatches ``json.loads`` garbles the kernel's replies):
+autograde then deletes the student's autograded notebook and keeps no grades
+at all.  Here the cell that broke the kernel gets an error output saying so,
+every later code cell gets a "not run" error, and grading goes on: test cells
+that ran keep their result, the rest score zero with a clear reason.
+"""
+from __future__ import annotations
+
+from nbclient.exceptions import DeadKernelError
+from nbformat.notebooknode import NotebookNode
+from nbgrader.preprocessors import Execute
+
+KERNEL_DIED = "DeadKernelError"
+NOT_RUN = "NotRunError"
+TIMEOUT = "CellTimeoutError"  # the ename nbgrader's Execute gives a cell that ran past Execute.timeout
+
+
+def kernel_arguments() -> list[str]:
+    """Extra arguments for every grading kernel: import the sandbox before the first cell."""
+    return ["--IPKernelApp.exec_lines=import autograder.sandbox",
+            "--IPKernelApp.log_level=ERROR"]  # its TCP warning on stderr is noise to a student running check
+
+
+def error_output(ename: str, evalue: str) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
+class GuardedExecute(Execute):
+    def preprocess(self, nb, resources=None, km=None):
+        self._dead_at = None
+        try:
+            return super().preprocess(nb, resources, km)
+        except Exception:  # the kernel broke while starting or shutting down: keep what ran
+            if getattr(self, "nb", None) is None:
+                raise
+            return self.nb, self.resources
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type != "code":
+            return cell, resources
+        if self._dead_at is not None:
+            cell.outputs = [error_output(NOT_RUN, f"not run: the kernel broke down in cell {self._dead_at} and was not restarted")]
+            return cell, resources
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        except DeadKernelError:
+            reason = "the kernel died while running this cell (os.kill, a crash, or running out of memory)"
+        except Exception as e:  # with allow_errors, only a broken kernel connection gets here
+            reason = f"the kernel stopped answering properly while running this cell ({type(e).__name__}: {e})"
+        self._dead_at = index
+        cell.outputs.append(error_output(KERNEL_DIED, reason))
+        return cell, resources

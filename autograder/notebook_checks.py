@@ -1,0 +1,263 @@
+"""Helpers that the labs' test cells import: strict conversions, the reference guard, golden logits.
+
+A test cell starts with ``importlib.reload(checks)``, so whatever an earlier
+cell did to this module's functions is undone before the tests use them.  The
+tests themselves read the golden files with ``json`` and compare plain Python
+values; nothing here computes an expected answer.
+
+Why each helper exists:
+  * ``as_token`` / ``as_mask`` turn a student's output into plain ints and bools
+    first, so an object whose ``__eq__`` always returns True cannot pass.
+  * ``reference_forbidden`` makes the course's reference sampler and decoder
+    fail loudly while a test runs, however the student imported or renamed them.
+  * ``golden_logits`` gives the logits at every step of a golden run from one
+    float64 forward pass, so the sampler tests cost one forward per case.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import numbers
+import operator
+
+import numpy as np
+import torch
+
+from miniengine import paths as _paths
+
+# Re-read the paths module too: a cell that set ``paths.GOLDEN = ...`` must not move the tests' files.
+_paths = importlib.reload(_paths)
+VISIBLE_GOLDEN = _paths.GOLDEN / "visible.json"
+HIDDEN_GOLDEN = _paths.REPO_ROOT / "autograder" / "hidden" / "golden.json"
+TARGET = _paths.TARGET
+
+# The reference implementations a lab asks students to write themselves (DESIGN.md section 5).
+FORBIDDEN = {
+    "miniengine.reference": ["naive_generate"],
+    "miniengine.sampling": ["sample_token", "top_k_mask", "top_p_mask", "processed_logits", "softmax"],
+}
+
+
+class ReferenceCalled(BaseException):
+    """Raised inside the reference while a test runs.
+
+    A BaseException, not an Exception, so that a student's ``except Exception``
+    cannot swallow it and fall back to something else unnoticed.
+    """
+
+
+_calls: list[str] = []
+
+
+def forbidden_call(name: str):
+    _calls.append(name)
+    raise ReferenceCalled(f"{name} is the course's reference implementation; this lab asks you to write your own")
+
+
+def _raising_code(name: str, freevars: tuple[str, ...]):
+    """Code for a function that reports a forbidden call, with the same free variables as the one it replaces.
+
+    The replacement runs with the victim's globals, so it reaches this module through sys.modules.
+    """
+    inner = (f"    def _forbidden(*args, **kwargs):\n"
+             + "".join(f"        {v}\n" for v in freevars)  # mention each free variable so the counts match
+             + f"        __import__('sys').modules[{__name__!r}].forbidden_call({name!r})\n")
+    src = "def _factory():\n" + "".join(f"    {v} = None\n" for v in freevars) + inner + "    return _forbidden\n"
+    scope: dict = {}
+    exec(compile(src, f"<forbidden {name}>", "exec"), scope)
+    return scope["_factory"]().__code__
+
+
+def _functions(fn):
+    """The function and every function it wraps (decorators such as torch.no_grad keep the original in __wrapped__)."""
+    while inspect.isfunction(fn):
+        yield fn
+        fn = getattr(fn, "__wrapped__", None)
+
+
+def _resolve(module, dotted: str):
+    """``name`` or ``Class.method`` in a module; a property gives its getter, a static or class method its function."""
+    obj = module
+    for part in dotted.split("."):
+        obj = inspect.getattr_static(obj, part, None) if inspect.isclass(obj) else getattr(obj, part, None)
+    if isinstance(obj, property):
+        return obj.fget
+    return obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+
+
+@contextlib.contextmanager
+def reference_forbidden(what: str = "your code", forbidden: dict[str, list[str]] | None = None):
+    """While inside, every forbidden reference function raises, under whatever name it is called.
+
+    Swapping ``__code__`` changes the function object itself, so aliases
+    (``from miniengine.sampling import top_k_mask as mine``) are caught as well.
+    ``forbidden`` maps module names to the names a lab forbids (``FORBIDDEN`` by default);
+    a name may be ``Class.method`` or ``Class.property``.
+    """
+    swapped = []
+    for module_name, names in (FORBIDDEN if forbidden is None else forbidden).items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            for fn in _functions(_resolve(module, name)):
+                swapped.append((fn, fn.__code__))
+                fn.__code__ = _raising_code(f"{module_name}.{name}", fn.__code__.co_freevars)
+    del _calls[:]
+    try:
+        yield
+    except ReferenceCalled:
+        pass  # reported below, as a test failure rather than a crash
+    finally:
+        for fn, code in swapped:
+            fn.__code__ = code
+    if _calls:
+        called = ", ".join(sorted(set(_calls)))
+        raise AssertionError(f"{what} calls {called}: that is the course's reference implementation. "
+                             f"Write this part yourself (the allowed imports are listed at the top of the lab).")
+
+
+def require_own(fn, name: str):
+    """A graded function must be a plain function defined in this notebook, not imported."""
+    assert callable(fn), f"{name} must be a function, got {type(fn).__name__}"
+    assert inspect.isfunction(fn), f"{name} must be a function written with def in this notebook, got {type(fn).__name__}"
+    module = getattr(fn, "__module__", None)
+    assert module == "__main__", (
+        f"{name} must be defined in this notebook, but it comes from module {module!r}: write it yourself")
+
+
+def as_token(x, what: str) -> int:
+    """A token id as a plain int: ints, numpy integers and 0-d integer tensors qualify; floats and bools do not."""
+    if isinstance(x, (bool, np.bool_)):
+        raise AssertionError(f"{what}: expected a token id (an integer), got the bool {x!r}")
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_floating_point():
+        x = x.item()
+    try:
+        value = operator.index(x)
+    except TypeError:
+        raise AssertionError(f"{what}: expected a token id (an integer), got {type(x).__name__} {x!r:.60}") from None
+    return int(value)
+
+
+def as_tokens(xs, what: str) -> list[int]:
+    if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__"):
+        raise AssertionError(f"{what}: expected a list of token ids, got {type(xs).__name__}")
+    return [as_token(x, f"{what}[{i}]") for i, x in enumerate(list(xs))]
+
+
+def as_mask(x, n: int, what: str) -> list[bool]:
+    """A keep-mask as a list of n plain bools; numpy and torch boolean arrays qualify."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.dtype != np.bool_:
+        raise AssertionError(f"{what}: expected a boolean array (True = keep), got dtype {arr.dtype}")
+    if arr.shape != (n,):
+        raise AssertionError(f"{what}: expected shape ({n},), one entry per logit, got {arr.shape}")
+    return [bool(v) for v in arr.tolist()]
+
+
+def as_count(x, what: str) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (numbers.Integral, np.integer, torch.Tensor)):
+        raise AssertionError(f"{what}: expected an integer, got {type(x).__name__} {x!r:.60}")
+    return as_token(x, what)
+
+
+def load_model(dtype=torch.float32):
+    """A fresh copy of the target model on the CPU: float32 to decode with, float64 for the tests' logits."""
+    from miniengine.model import load_model as _load
+
+    return _load(TARGET, dtype=dtype)
+
+
+def load_tokenizer():
+    from miniengine.tokenizer import load_tokenizer as _load
+
+    return _load(TARGET)
+
+
+@torch.no_grad()
+def golden_logits(model64, case) -> np.ndarray:
+    """Row t holds the float64 logits that predict generated token t of a golden case.
+
+    One causal forward pass over prompt + generated tokens gives every step's logits at once:
+    row Lp-1+t sees exactly the prefix that step t of naive decode sees.
+    """
+    from miniengine.attention import NoCacheBackend
+
+    prompt, tokens = case["prompt_token_ids"], case["token_ids"]
+    ids = prompt + tokens[:-1]
+    n = len(ids)
+    logits = model64(torch.tensor(ids), torch.arange(n), NoCacheBackend([n]))
+    return logits[len(prompt) - 1:].numpy()
+
+
+def show(tok, token_id) -> str:
+    """A token id with its text, for messages: 1234 (' return')."""
+    try:
+        return f"{token_id} ({tok.decode([int(token_id)])!r})"
+    except Exception:  # an out-of-range id from a buggy submission: the number alone will do
+        return str(token_id)
+
+
+class RecordingModel:
+    """Wraps the model and records what each call feeds it, to check that decode recomputes the prefix."""
+
+    def __init__(self, model):
+        self._model = model
+        self.calls: list[dict] = []
+
+    def __call__(self, input_ids, positions, backend, *args, **kwargs):
+        self.calls.append({
+            "n": int(len(input_ids)),
+            "ids": [int(t) for t in torch.as_tensor(input_ids).reshape(-1).tolist()],
+            "positions": [int(p) for p in torch.as_tensor(positions).reshape(-1).tolist()],
+            "backend": type(backend).__name__,
+            "seq_lens": list(getattr(backend, "seq_lens", [])),
+        })
+        return self._model(input_ids, positions, backend, *args, **kwargs)
+
+    forward = __call__
+
+    def __getattr__(self, name):  # config, device, dtype, ... come from the real model
+        return getattr(self._model, name)
+
+
+def check_prefix_recompute(calls: list[dict], prompt: list[int], tokens: list[int], what: str):
+    """Step t must feed prompt + tokens[:t] at positions 0..n-1 through a NoCacheBackend([n])."""
+    assert len(calls) == len(tokens), (
+        f"{what}: generated {len(tokens)} tokens with {len(calls)} model calls; naive decode makes one call per token")
+    for t, call in enumerate(calls):
+        want = prompt + tokens[:t]
+        n = len(want)
+        assert call["backend"] == "NoCacheBackend", (
+            f"{what}, step {t}: the model was called with a {call['backend']}; use NoCacheBackend([n])")
+        assert call["n"] == n and call["ids"] == want, (
+            f"{what}, step {t}: expected the whole sequence so far ({n} tokens: the prompt plus {t} generated), "
+            f"got {call['n']} tokens" + ("" if call["n"] != n else " with different ids"))
+        assert call["positions"] == list(range(n)), (
+            f"{what}, step {t}: positions must be 0..{n - 1}, got {call['positions'][:5]}...")
+        assert call["seq_lens"] == [n], (
+            f"{what}, step {t}: the backend must be NoCacheBackend([{n}]), got seq_lens={call['seq_lens']}")
+
+
+def tokens_processed(prompt_len: int, n_generated: int) -> int:
+    """Σ over steps t = 0..n-1 of (Lp + t): what naive decode feeds the model in total."""
+    return sum(prompt_len + t for t in range(n_generated))
+
+
+
+def one_case_per_kind(cases: list[dict]) -> list[dict]:
+    """One golden case of each kind (greedy, temperature, top_k, ...), each from a different prompt where possible.
+
+    Full decodes are the slow tests, so they cover every sampler once rather than every case.
+    """
+    chosen: dict[str, dict] = {}
+    used_prompts: set[str] = set()
+    for fresh_prompts_only in (True, False):
+        for case in cases:
+            kind = case["name"].split("-", 1)[1]
+            if kind in chosen or (fresh_prompts_only and case["prompt"] in used_prompts):
+                continue
+            chosen[kind] = case
+            used_prompts.add(case["prompt"])
+    return sorted(chosen.values(), key=cases.index)

@@ -1,0 +1,112 @@
+"""``regress``: run every lecture and every lab source notebook top to bottom with papermill, FAST=True.
+
+The executed copies and a summary table (notebook, status, seconds) go to
+build/regress/ (git-ignored).  Exit status 1 if any notebook fails.  Lab source
+notebooks run with their solutions and hidden tests, so this also checks that
+the reference solutions pass.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+from . import environment, layout
+
+def notebooks(selected=None) -> list[Path]:
+    """Every lecture, then every lab source; or the ones named (paths, or names such as lab01)."""
+    everything = layout.lectures() + [lab.source for lab in layout.all_labs()]
+    if not selected:
+        return everything
+    chosen = []
+    for name in selected:
+        path = Path(name)
+        if path.suffix == ".ipynb" and path.exists():
+            chosen.append(path.resolve())
+            continue
+        matches = [nb for nb in everything if nb.stem == name or nb.stem.startswith(str(name) + "_")]
+        if len(matches) != 1:
+            raise layout.LabError(f"no notebook named {name!r} (notebooks: {', '.join(nb.stem for nb in everything) or 'none'})")
+        chosen.extend(matches)
+    return chosen
+
+
+def _output_for(nb: Path, out: Path) -> Path:
+    try:
+        return out / nb.resolve().relative_to(layout.REPO_ROOT)
+    except ValueError:
+        return out / nb.name
+
+
+def run_one(nb: Path, output: Path, timeout: int) -> dict:
+    """Execute one notebook; never raises, so one failure cannot stop the others."""
+    import papermill as pm
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    status, message = "passed", ""
+    try:
+        pm.execute_notebook(str(nb), str(output), parameters={"FAST": True}, kernel_name="python3",
+                            cwd=str(nb.parent), progress_bar=False, execution_timeout=timeout,
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])  # quiet the kernel's TCP warning
+    except pm.PapermillExecutionError as e:
+        status, message = "failed", f"cell {e.exec_count}: {e.ename}: {str(e.evalue)[:300]}"
+    except Exception as e:  # a timeout, a dead kernel, an unreadable notebook
+        status, message = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else traceback.format_exc(limit=1)}"
+    return {"notebook": _label(nb), "status": status, "seconds": round(time.monotonic() - start, 1),
+            "output": str(output), "message": message}
+
+
+def _label(nb: Path) -> str:
+    try:
+        return nb.resolve().relative_to(layout.REPO_ROOT).as_posix()
+    except ValueError:
+        return str(nb)
+
+
+def summary_table(rows: list[dict]) -> str:
+    width = max([len("notebook")] + [len(r["notebook"]) for r in rows])
+    lines = [f"| {'notebook':<{width}} | status | seconds |", f"|{'-' * (width + 2)}|--------|--------:|"]
+    for r in rows:
+        lines.append(f"| {r['notebook']:<{width}} | {r['status']:<6} | {r['seconds']:7.1f} |")
+    return "\n".join(lines)
+
+
+def regress(selected=None, workers: int = 1, timeout: int = 300, out: Path | None = None) -> int:
+    environment.prepare(workers)
+    out = Path(out) if out else layout.BUILD / "regress"
+    found = notebooks(selected)
+    if not found:
+        raise layout.LabError("no notebooks found under lectures/ or labs/")
+    print(f"running {len(found)} notebook{'s' * (len(found) != 1)} with papermill (FAST=True, {workers} at a time)", flush=True)
+    start = time.monotonic()
+    jobs = [(nb, _output_for(nb, out), timeout) for nb in found]
+    if workers == 1:
+        rows = []
+        for job in jobs:
+            rows.append(run_one(*job))
+            print(f"  {rows[-1]['status']:<6} {rows[-1]['seconds']:6.1f} s  {rows[-1]['notebook']}", flush=True)
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            rows = list(pool.map(run_one, *zip(*jobs)))
+    total = time.monotonic() - start
+    out.mkdir(parents=True, exist_ok=True)
+    table = summary_table(rows)
+    (out / "summary.md").write_text(f"# Regression run\n\n{table}\n\nTotal: {total:.1f} s\n")
+    (out / "summary.json").write_text(json.dumps({"seconds": round(total, 1), "notebooks": rows}, indent=1) + "\n")
+    with open(out / "summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["notebook", "status", "seconds", "message"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    print()
+    print(table)
+    for r in rows:
+        if r["status"] != "passed":
+            print(f"\n{r['notebook']} failed: {r['message']}\n  executed copy: {r['output']}")
+    failed = sum(r["status"] != "passed" for r in rows)
+    print(f"\n{len(rows) - failed} of {len(rows)} notebooks passed in {total:.1f} s; summary in {out / 'summary.md'}")
+    return 1 if failed else 0

@@ -1,0 +1,181 @@
+"""Grades per student and per test cell: the status of each, and the CSV, JSON and table that report them.
+
+A test cell's status is one of:
+    passed            full points
+    failed            an assertion failed (the message says which case, step and token)
+    error             any other exception, e.g. NameError or NotImplementedError, or the kernel died
+    timeout           the cell ran past the per-cell limit, or the whole notebook past the per-student one
+    missing test cell the student deleted it: nbgrader silently gives no points (DESIGN.md section 5, fact 4)
+    corrupt notebook  the file is not a readable notebook, so nothing ran
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from .execute import KERNEL_DIED, NOT_RUN, TIMEOUT
+
+PASSED, FAILED, ERROR, TIMED_OUT, MISSING, CORRUPT = (
+    "passed", "failed", "error", "timeout", "missing test cell", "corrupt notebook")
+STATUSES = (PASSED, FAILED, ERROR, TIMED_OUT, MISSING, CORRUPT)
+
+
+@dataclasses.dataclass
+class TestCell:
+    """A test cell of a lab's source notebook."""
+
+    grade_id: str
+    max_points: float
+    hidden: bool
+    source: str = dataclasses.field(default="", repr=False)
+
+
+@dataclasses.dataclass
+class TestResult:
+    test: str
+    points: float
+    max_points: float
+    status: str
+    message: str = ""
+    hidden: bool = False
+
+
+@dataclasses.dataclass
+class StudentResult:
+    student: str
+    lab: str
+    submission: str
+    tests: list[TestResult]
+    notes: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def score(self) -> float:
+        return sum(t.points for t in self.tests)
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.max_points for t in self.tests)
+
+    def count(self, status: str) -> int:
+        return sum(t.status == status for t in self.tests)
+
+
+def test_cells(nb) -> list[TestCell]:
+    """The autograded test cells of a source notebook, in order."""
+    cells = []
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution") and cell.cell_type == "code":
+            cells.append(TestCell(meta["grade_id"], float(meta.get("points", 0)),
+                                  "BEGIN HIDDEN TESTS" in cell.source, cell.source))
+    return cells
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """The first line of a message, without ANSI colours (tracebacks carry them), cut to ``limit``."""
+    lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(text)).splitlines() if ln.strip()]
+    text = (lines[0].rstrip() + (" ..." if len(lines) > 1 else "")) if lines else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_error(ename, evalue, limit: int = 300) -> str:
+    """'NameError: name x is not defined', or just 'NotImplementedError' when there is no message."""
+    message = first_line(evalue or "", limit)
+    return f"{ename}: {message}" if message else str(ename)
+
+
+def judge(cell, score: float | None, test: TestCell, timeout: int) -> TestResult:
+    """The status of one autograded test cell, from nbgrader's score and the cell's outputs."""
+    points = float(score or 0.0)
+    outputs = cell.get("outputs", [])
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    enames = [o.get("ename") for o in errors]
+
+    def result(status, message=""):
+        return TestResult(test.grade_id, points if status == PASSED else min(points, test.max_points),
+                          test.max_points, status, first_line(message), test.hidden)
+
+    if TIMEOUT in enames or "KeyboardInterrupt" in enames:
+        return result(TIMED_OUT, f"ran past the {timeout} s limit per cell and was interrupted")
+    if points >= test.max_points and not errors:
+        return result(PASSED)
+    if errors:
+        e = errors[0]
+        if e.get("ename") == "AssertionError":
+            return result(FAILED, e.get("evalue") or "an assertion failed")
+        if e.get("ename") in (KERNEL_DIED, NOT_RUN):
+            return result(ERROR, e.get("evalue"))
+        return result(ERROR, describe_error(e.get("ename"), e.get("evalue")))
+    stderr = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr")
+    if stderr:
+        return result(FAILED, f"the cell wrote to stderr, which nbgrader counts as a failure: {stderr}")
+    return result(FAILED, f"scored {points:g} of {test.max_points:g}")
+
+
+def everything(tests: list[TestCell], status: str, message: str) -> list[TestResult]:
+    return [TestResult(t.grade_id, 0.0, t.max_points, status, message, t.hidden) for t in tests]
+
+
+# ---------------------------------------------------------------- reports
+
+def write_csv(results: list[StudentResult], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["student", "lab", "test", "hidden", "points", "max_points", "status", "message"])
+        for r in results:
+            for t in r.tests:
+                w.writerow([r.student, r.lab, t.test, t.hidden, f"{t.points:g}", f"{t.max_points:g}", t.status, t.message])
+
+
+def to_json(results: list[StudentResult]) -> dict:
+    return {"students": [
+        {"student": r.student, "lab": r.lab, "submission": r.submission, "score": r.score, "max_score": r.max_score,
+         "seconds": round(r.seconds, 1), "notes": r.notes, "tests": [dataclasses.asdict(t) for t in r.tests]}
+        for r in results]}
+
+
+def write_json(results: list[StudentResult], path: Path) -> None:
+    path.write_text(json.dumps(to_json(results), indent=1) + "\n")
+
+
+def write_reports(results: list[StudentResult], out: Path) -> tuple[Path, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(results, out / "grades.csv")
+    write_json(results, out / "grades.json")
+    return out / "grades.csv", out / "grades.json"
+
+
+def table(results: list[StudentResult], details: bool = True) -> str:
+    """The summary a grader reads first: one row per student, then what went wrong, test by test."""
+    heads = ["student", "lab", "score", "passed", "failed", "error", "timeout", "missing", "seconds"]
+    rows = []
+    for r in results:
+        corrupt = r.count(CORRUPT) > 0
+        rows.append([r.student, r.lab, f"{r.score:g}/{r.max_score:g}",
+                     *(str(r.count(s)) for s in (PASSED, FAILED, ERROR, TIMED_OUT, MISSING)),
+                     f"{r.seconds:.1f}"] + (["corrupt notebook"] if corrupt else []))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + ("  " + "  ".join(row[len(heads):]) if len(row) > len(heads) else ""))
+    if details:
+        for r in results:
+            problems = [t for t in r.tests if t.status != PASSED]
+            if not problems and not r.notes:
+                continue
+            lines.append("")
+            lines.append(f"{r.student} ({r.lab}):")
+            for note in r.notes:
+                lines.append(f"  note: {note}")
+            if r.count(CORRUPT) == len(r.tests) and r.tests:
+                lines.append(f"  every test: corrupt notebook: {r.tests[0].message}")
+                continue
+            for t in problems:
+                lines.append(f"  {t.test:<26} {t.status:<17} {t.message}")
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""``verify``: prove each lab's tests sound before students see them.
+
+For every lab: the source notebook (the solution) must get full marks, the
+released stub must get zero, and every hidden test must fail on the stub (a
+hidden test that passes on the stub checks nothing).  Both are graded by the
+real ``grade`` pipeline, in private courses that leave course/gradebook.db alone.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import environment, grading, layout, release, results
+
+
+def problems_of(lab: layout.Lab, solution: results.StudentResult, stub: results.StudentResult) -> list[str]:
+    found = []
+    if not solution.tests:
+        found.append("the lab has no test cells")
+    if not any(t.hidden for t in solution.tests):
+        found.append("the lab has no hidden tests")
+    for t in solution.tests:
+        if t.max_points <= 0:
+            found.append(f"test cell {t.test} is worth no points")
+        if t.status != results.PASSED:
+            found.append(f"the solution fails {t.test}: {t.status}: {t.message}")
+    if stub.score != 0:
+        found.append(f"the stub scores {stub.score:g}, not 0: "
+                     + ", ".join(t.test for t in stub.tests if t.points > 0))
+    for t in stub.tests:
+        if t.hidden and t.status == results.PASSED:
+            found.append(f"hidden test {t.test} passes on the stub")
+    return found
+
+
+def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
+    environment.prepare(workers)
+    labs = layout.find_labs(names)
+    for lab in labs:
+        release.generate(lab)
+    layout.COURSE.joinpath("tmp").mkdir(parents=True, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="verify-", dir=layout.COURSE / "tmp")
+    try:
+        for lab in labs:
+            for who, src in (("solution", lab.source), ("stub", lab.release)):
+                dest = Path(folder) / who / lab.name / f"{lab.name}.ipynb"
+                dest.parent.mkdir(parents=True)
+                shutil.copyfile(src, dest)
+        graded = grading.grade(folder, workers=workers, timeout=timeout, merge_into_course=False)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    by = {(r.student, r.lab): r for r in graded}
+    status = 0
+    print()
+    for lab in labs:
+        solution, stub = by[("solution", lab.name)], by[("stub", lab.name)]
+        found = problems_of(lab, solution, stub)
+        hidden = sum(t.hidden for t in stub.tests)
+        summary = (f"{lab.name}: solution {solution.score:g}/{solution.max_score:g}, stub {stub.score:g}/{stub.max_score:g}, "
+                   f"{hidden} hidden test cell{'s' * (hidden != 1)} failing on the stub")
+        if found:
+            status = 1
+            print(f"{summary}: NOT SOUND")
+            for p in found:
+                print(f"  - {p}")
+        else:
+            print(f"{summary}: sound")
+    return status

@@ -1,0 +1,82 @@
+"""The autograder as its users drive it: a student's release, check and grade; the instructor's verify.
+
+Every run uses working folders of its own (AUTOGRADER_*_DIR), never the real
+course/ or student/.
+"""
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+
+from test_autograder_support import REPO, explain, isolated_env, run_cli
+
+pytestmark = pytest.mark.slow
+LAB = "lab01_naive_decode"
+
+
+def test_verify_proves_the_labs_sound(tmp_path):
+    r = run_cli("verify", env=isolated_env(tmp_path), cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, explain(r)
+    assert f"{LAB}: solution 24/24, stub 0/24" in r.stdout and "sound" in r.stdout
+
+
+def solutions() -> dict[str, str]:
+    source = nbformat.read(REPO / "labs" / LAB / f"{LAB}.ipynb", as_version=4)
+    out = {}
+    for cell in source.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution"):
+            out[meta["grade_id"]] = "\n".join(ln for ln in cell.source.splitlines() if "### " not in ln)
+    return out
+
+
+def write_solutions(path, replace):
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in replace:
+            cell.source = replace[gid]
+    nbformat.write(nb, str(path))
+
+
+def test_student_workflow(tmp_path):
+    env = isolated_env(tmp_path)
+    student_nb = tmp_path / "student" / LAB / f"{LAB}.ipynb"
+
+    # make lab: publish once, then never overwrite the student's work
+    r = run_cli("release", "--if-missing", env=env, cwd=tmp_path)
+    assert r.returncode == 0 and student_nb.exists(), explain(r)
+    nb = nbformat.read(student_nb, as_version=4)
+    assert "BEGIN HIDDEN TESTS" not in nbformat.writes(nb) and "BEGIN SOLUTION" not in nbformat.writes(nb)
+
+    # the untouched stub: every visible test errors, hidden ones are listed
+    r = run_cli("check", student_nb, env=env, cwd=tmp_path)
+    assert r.returncode == 1, explain(r)
+    assert "greedy-visible" in r.stdout and "error: NotImplementedError" in r.stdout
+    assert "hidden: runs when your notebook is graded" in r.stdout
+    assert "0 of 6 visible tests passed" in r.stdout
+
+    # an honest mistake: top-k drops the logits tied with the k-th largest
+    good = solutions()
+    write_solutions(student_nb, {**good, "top_k_mask": good["top_k_mask"].replace("logits >= kth", "logits > kth")})
+    edited = student_nb.read_text()
+    for args in (("release", "--if-missing"), ("release",)):
+        r = run_cli(*args, env=env, cwd=tmp_path)
+        assert r.returncode == 0, explain(r)
+        assert student_nb.read_text() == edited, f"{args} overwrote the student's notebook"
+    assert "kept your edited" in r.stdout
+
+    r = run_cli("check", student_nb, env=env, cwd=tmp_path)
+    assert r.returncode == 1, explain(r)
+    assert "top-k-visible" in r.stdout and "top_k_mask([1.0, 3.0, 2.0, 3.0], k=1) should keep" in r.stdout
+
+    # fixed: check passes, and the grader agrees
+    write_solutions(student_nb, good)
+    r = run_cli("check", student_nb, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "6 of 6 visible tests passed" in r.stdout, explain(r)
+    r = run_cli("grade", student_nb, "--student", "me", "--out", tmp_path / "grades", env=env, cwd=tmp_path)
+    assert r.returncode == 0, explain(r)
+    graded = json.loads((tmp_path / "grades" / "grades.json").read_text())["students"]
+    assert [(s["student"], s["score"], s["max_score"]) for s in graded] == [("me", 24, 24)]

@@ -1,0 +1,43 @@
+"""``python -m autograder regress``: every lecture and lab source notebook runs top to bottom with FAST=True."""
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from test_autograder_support import REPO, explain, isolated_env, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_notebook_runs(tmp_path):
+    r = run_cli("regress", "--workers", 2, env=isolated_env(tmp_path), cwd=tmp_path, timeout=600)
+    summary = tmp_path / "build" / "regress" / "summary.json"
+    assert summary.exists(), explain(r)
+    rows = json.loads(summary.read_text())["notebooks"]
+    failed = [f"{row['notebook']}: {row['message']}" for row in rows if row["status"] != "passed"]
+    assert not failed, "\n".join(failed)
+    assert r.returncode == 0, explain(r)
+    names = {row["notebook"] for row in rows}
+    expected = {p.relative_to(REPO).as_posix() for p in (REPO / "lectures").glob("*.ipynb")}
+    expected |= {p.relative_to(REPO).as_posix() for p in (REPO / "labs").glob("*/*.ipynb")}
+    assert names == expected
+    for row in rows:  # the executed copies are kept, with outputs
+        assert (tmp_path / "build" / "regress" / row["notebook"]).exists()
+    assert (tmp_path / "build" / "regress" / "summary.md").read_text().count("| passed |") == len(rows)
+
+
+def test_a_failing_notebook_fails_the_run(tmp_path):
+    bad = tmp_path / "broken.ipynb"
+    cells = [new_code_cell("FAST = False\nDEVICE = 'cpu'\nSEED = 0", metadata={"tags": ["parameters"]}),
+             new_code_cell("assert FAST, 'papermill did not set FAST=True'"),
+             new_code_cell("raise ValueError('boom')")]
+    nbformat.write(new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                      "language": "python"}}), str(bad))
+    r = run_cli("regress", bad, env=isolated_env(tmp_path), cwd=tmp_path, timeout=300)
+    assert r.returncode == 1, explain(r)
+    assert "ValueError: boom" in r.stdout
+    row = json.loads((tmp_path / "build" / "regress" / "summary.json").read_text())["notebooks"][0]
+    assert row["status"] == "failed" and row["seconds"] > 0
