@@ -24,14 +24,14 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _positive(kind):
+def _positive(kind, allow_zero=False):
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        if value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"must be {'at least 0' if allow_zero else 'greater than 0'}, got {text!r}")
         return value
     return parse
 
@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=_positive(int), default=60, help="seconds per cell (default 60)")
     g.add_argument("--notebook-timeout", type=_positive(int), default=None,
                    help="seconds per notebook (default max(120, 6 x --timeout))")
-    g.add_argument("--memory-gb", type=_positive(float), default=6.0, help="address-space limit per kernel (default 6)")
+    g.add_argument("--memory-gb", type=_positive(float, allow_zero=True), default=6.0,
+                   help="address-space limit per kernel, 0 for none (default 6)")
     g.add_argument("--out", help="folder for grades.csv and grades.json (default course/grades/LAB)")
     g.add_argument("--brief", action="store_true", help="print only the summary table")
     g.add_argument("--keep", action="store_true", help="keep the per-student nbgrader courses under course/tmp/")

@@ -80,3 +80,16 @@ def test_student_workflow(tmp_path):
     assert r.returncode == 0, explain(r)
     graded = json.loads((tmp_path / "grades" / "grades.json").read_text())["students"]
     assert [(s["student"], s["score"], s["max_score"]) for s in graded] == [("me", 24, 24)]
+
+
+def test_a_notebook_over_its_total_time_limit_is_stopped(tmp_path):
+    """The last line of defence: the whole notebook's limit kills the worker and its kernel, and says so."""
+    from test_autograder_support import FIXTURES
+
+    r = run_cli("grade", FIXTURES / "c_toplevel_loop.ipynb", "--lab", "lab01", "--timeout", 60,
+                "--notebook-timeout", 12, "--out", tmp_path / "grades", env=isolated_env(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, explain(r)
+    (student,) = json.loads((tmp_path / "grades" / "grades.json").read_text())["students"]
+    assert {t["status"] for t in student["tests"]} == {"timeout"} and student["score"] == 0
+    assert "took over 12 s in total" in student["tests"][0]["message"]
+    assert student["seconds"] < 45
