@@ -18,7 +18,7 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
     Computed in float64 and rounded once, so the float32 and float64 models see
     the same angles up to their own precision.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim))
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)  # [T, head_dim]: first half and second half share a frequency
     return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]

@@ -7,10 +7,11 @@ Screening (DESIGN.md section 4) keeps near-ties out, so that any correct float32
 implementation matches token for token:
   * greedy: at every step the top-1 and top-2 logits differ by at least GAP;
   * sampled: the top-1 and top-2 Gumbel-perturbed scores differ by at least GAP,
-    no top-k cut falls within CUTOFF of a tie, and no token's preceding
-    probability mass lies within CUTOFF of top_p.
-A sampled case that fails is retried with the next seed; a greedy case that
-fails is cut just before its first near-tie.
+    and no token within CUTOFF of the top-k or top-p boundary (whose fate a
+    float32 implementation could decide differently) wins or comes within GAP.
+A sampled case that fails is retried with the next seed; a case that still
+fails is cut just before its first near-tie (and dropped if that leaves fewer
+than MIN_TOKENS tokens).
 
 The hidden prompts are for the autograder's hidden tests.  They, and their
 golden file, live under autograder/hidden/, which ``autograder release`` never
@@ -18,6 +19,7 @@ copies to students; without that folder only the visible file is built.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -27,14 +29,14 @@ import numpy as np
 from .model import load_model
 from .paths import GOLDEN, REPO_ROOT, TARGET
 from .reference import naive_generate
-from .sampling import SamplingParams, gumbel_noise, processed_logits, softmax
+from .sampling import SamplingParams, gumbel_noise, softmax, top_k_mask
 from .tokenizer import load_tokenizer
 
 GAP = 1e-3
 CUTOFF = 1e-4
 MAX_TOKENS = 24
 MIN_TOKENS = 8  # a greedy case cut shorter than this is dropped
-SEED_TRIES = 20
+SEED_TRIES = 6
 
 VISIBLE_PROMPTS = [
     "def fibonacci(n):",
@@ -61,35 +63,47 @@ HIDDEN_PROMPTS_FILE = HIDDEN_DIR / "prompts.json"  # instructor-only, like the g
 
 
 def step_margins(logits: np.ndarray, params: SamplingParams, position: int) -> dict:
-    """How far one sampling step is from a tie: each must clear its threshold for the step to be screened in."""
+    """How far one sampling step is from a tie that float32 rounding could tip.
+
+    greedy: the gap between the top two logits.  Sampled: tokens within CUTOFF
+    of the top-k or top-p boundary are *ambiguous* (another correct
+    implementation may keep or drop them); the step is safe when the winner
+    over the kept and ambiguous tokens is not itself ambiguous, and "gap" is its
+    lead over the runner-up among them (0 when the winner is ambiguous).
+    """
     logits = np.asarray(logits, dtype=np.float64)
     if params.greedy:
         top2 = np.sort(logits)[-2:]
-        return {"gap": float(top2[1] - top2[0])}
-    scores = processed_logits(logits, params) + gumbel_noise(params.seed, position, logits.size)
-    top2 = np.sort(scores)[-2:]
-    margins = {"gap": float(top2[1] - top2[0])}
+        return {"gap": float(top2[1] - top2[0]), "ambiguous": 0}
     scaled = logits / params.temperature
+    keep = top_k_mask(scaled, params.top_k)
+    ambiguous = np.zeros(logits.shape, dtype=bool)
     if 0 < params.top_k < logits.size:
         s = np.sort(scaled)[::-1]
-        margins["top_k"] = float(s[params.top_k - 1] - s[params.top_k])
+        if s[params.top_k - 1] - s[params.top_k] < CUTOFF:  # the k-th and (k+1)-th nearly tie
+            for v in (s[params.top_k - 1], s[params.top_k]):
+                ambiguous |= np.abs(scaled - v) < CUTOFF
     if params.top_p < 1:
-        masked = np.where(np.isfinite(processed_logits(logits, SamplingParams(
-            temperature=params.temperature, top_k=params.top_k))), scaled, -np.inf)
-        probs = np.sort(softmax(masked))[::-1]
-        mass_before = np.cumsum(probs) - probs
-        margins["top_p"] = float(np.min(np.abs(mass_before - params.top_p)))
-    return margins
+        probs = softmax(np.where(keep, scaled, -np.inf))
+        order = np.argsort(-probs, kind="stable")
+        mass_before = np.empty_like(probs)
+        mass_before[order] = np.cumsum(probs[order]) - probs[order]
+        keep &= mass_before < params.top_p
+        ambiguous |= np.abs(mass_before - params.top_p) < CUTOFF
+    scores = np.where(keep | ambiguous, scaled + gumbel_noise(params.seed, position, logits.size), -np.inf)
+    winner = int(np.argmax(scores))
+    top2 = np.sort(scores)[-2:]
+    gap = 0.0 if ambiguous[winner] else float(top2[1] - top2[0])
+    return {"gap": gap, "ambiguous": int(ambiguous.sum())}
 
 
 def first_unsafe_step(completion, params: SamplingParams) -> tuple[int | None, dict]:
-    """Index of the first step that fails screening (None if all pass), and the smallest margins seen."""
-    worst: dict = {}
+    """Index of the first step that fails screening (None if all pass), the smallest gap and the most ambiguous tokens."""
+    worst = {"gap": np.inf, "ambiguous": 0}
     for step, logits in enumerate(completion.logits):
         m = step_margins(logits.numpy(), params, len(completion.prompt_token_ids) + step)
-        for k, v in m.items():
-            worst[k] = min(worst.get(k, np.inf), v)
-        if m["gap"] < GAP or any(m[k] < CUTOFF for k in ("top_k", "top_p") if k in m):
+        worst = {"gap": min(worst["gap"], m["gap"]), "ambiguous": max(worst["ambiguous"], m["ambiguous"])}
+        if m["gap"] < GAP:
             return step, worst
     return None, worst
 
@@ -99,36 +113,56 @@ def model_sha256(model_dir: Path) -> str:
 
 
 def build_cases(model, tok, prompts: list[str], eos_id: int) -> list[dict]:
-    cases = []
-    for pi, prompt in enumerate(prompts):
-        ids = tok.encode(prompt).ids
-        for kind, fields in CASE_KINDS.items():
-            for attempt in range(1 if kind == "greedy" else SEED_TRIES):
-                params = SamplingParams(max_tokens=MAX_TOKENS, seed=1000 * pi + attempt, **fields)
-                c = naive_generate(model, [ids], params, eos_id, return_logits=True)[0]
-                bad, worst = first_unsafe_step(c, params)
+    """Screened cases, one per (prompt, sampler kind), ordered by prompt then kind.
+
+    Each kind runs all its prompts as one ragged batch (decoding is batch-invariant).
+    A sampled run that meets a near-tie is retried with the next seed; after
+    SEED_TRIES, the longest screened prefix (at least MIN_TOKENS) is kept by
+    lowering max_tokens to just before the near-tie.
+    """
+    ids = [tok.encode(p).ids for p in prompts]
+    chosen: dict[tuple[int, str], tuple] = {}
+    for kind, fields in CASE_KINDS.items():
+        pending, longest = list(range(len(prompts))), {}
+        for attempt in range(1 if kind == "greedy" else SEED_TRIES):
+            params = [SamplingParams(max_tokens=MAX_TOKENS, seed=1000 * pi + attempt, **fields) for pi in pending]
+            outs = naive_generate(model, [ids[pi] for pi in pending], params, eos_id, return_logits=True)
+            still = []
+            for pi, sp, c in zip(pending, params, outs):
+                bad, worst = first_unsafe_step(c, sp)
                 if bad is None:
-                    break
-                if kind == "greedy" and bad >= MIN_TOKENS:  # keep the screened prefix
-                    params = SamplingParams(max_tokens=bad, seed=params.seed, **fields)
-                    c = naive_generate(model, [ids], params, eos_id, return_logits=True)[0]
-                    bad, worst = first_unsafe_step(c, params)
-                    break
-            if bad is not None:
-                print(f"  dropped {kind!r} for prompt {pi}: no screened run")
-                continue
-            cases.append({
-                "name": f"p{pi}-{kind}",
-                "prompt": prompt,
-                "prompt_token_ids": ids,
-                "params": {k: getattr(params, k) for k in ("temperature", "top_k", "top_p", "max_tokens", "seed")},
-                "token_ids": c.token_ids,
-                "text": tok.decode(c.token_ids),
-                "finish_reason": c.finish_reason,
-                "tokens_processed": c.tokens_processed,
-                "chosen_logits": [round(float(l[t]), 6) for l, t in zip(c.logits, c.token_ids)],
-                "min_margins": {k: round(v, 6) for k, v in worst.items()},
-            })
+                    chosen[pi, kind] = (sp, c, worst)
+                    continue
+                still.append(pi)
+                if bad >= MIN_TOKENS and bad > longest.get(pi, (0, None))[0]:
+                    longest[pi] = (bad, sp)
+            pending = still
+            if not pending:
+                break
+        cut = [pi for pi in pending if pi in longest]
+        if cut:  # keep the screened prefix: the tokens before a near-tie do not depend on max_tokens
+            params = [dataclasses.replace(longest[pi][1], max_tokens=longest[pi][0]) for pi in cut]
+            outs = naive_generate(model, [ids[pi] for pi in cut], params, eos_id, return_logits=True)
+            for pi, sp, c in zip(cut, params, outs):
+                chosen[pi, kind] = (sp, c, first_unsafe_step(c, sp)[1])
+        for pi in pending:
+            if pi not in longest:
+                print(f"  dropped {kind!r} for prompt {pi}: no screened run of {MIN_TOKENS}+ tokens")
+
+    cases = []
+    for (pi, kind), (params, c, worst) in sorted(chosen.items(), key=lambda kv: (kv[0][0], list(CASE_KINDS).index(kv[0][1]))):
+        cases.append({
+            "name": f"p{pi}-{kind}",
+            "prompt": prompts[pi],
+            "prompt_token_ids": ids[pi],
+            "params": {k: getattr(params, k) for k in ("temperature", "top_k", "top_p", "max_tokens", "seed")},
+            "token_ids": c.token_ids,
+            "text": tok.decode(c.token_ids),
+            "finish_reason": c.finish_reason,
+            "tokens_processed": c.tokens_processed,
+            "chosen_logits": [round(float(l[t]), 6) for l, t in zip(c.logits, c.token_ids)],
+            "min_margins": {"gap": round(worst["gap"], 6), "ambiguous": worst["ambiguous"]},
+        })
     return cases
 
 

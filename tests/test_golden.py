@@ -18,17 +18,12 @@ def test_every_case_clears_the_screening_margins(golden, hidden_golden):
         for c in data["cases"]:
             m = c["min_margins"]
             assert m["gap"] >= golden_mod.GAP, c["name"]
-            assert m.get("top_k", 1) >= golden_mod.CUTOFF and m.get("top_p", 1) >= golden_mod.CUTOFF, c["name"]
             SamplingParams(**c["params"])  # well-formed
 
 
 def test_visible_golden_covers_every_sampler(golden):
     kinds = {c["name"].split("-", 1)[1] for c in golden["cases"]}
     assert kinds == set(golden_mod.CASE_KINDS)
-
-
-def golden_mod:
-    return golden
 
 
 def test_hidden_prompts_are_absent_from_student_facing_files(hidden_golden):

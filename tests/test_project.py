@@ -1,6 +1,7 @@
 """Setup files stay consistent: environment.yml mirrors pyproject, the README gives the two commands."""
-import re
 import tomllib
+
+import yaml
 
 from miniengine.paths import REPO_ROOT
 
@@ -10,8 +11,9 @@ def test_environment_yml_matches_pyproject():
     wanted = set(pyproject["dependencies"])
     for extra in pyproject["optional-dependencies"].values():
         wanted |= set(extra)
-    lines = (REPO_ROOT / "environment.yml").read_text().splitlines()
-    pip_deps = {m.group(1).strip() for line in lines if (m := re.match(r"^\s+- (?!-e)(.+)$", line)) and not line.strip().startswith("- python") and line.strip() != "- pip" and line.strip() != "- pip:"}
+    env = yaml.safe_load((REPO_ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    pip_deps = {d for d in pip_section if not d.startswith("-e")}
     assert pip_deps == wanted, f"only in environment.yml: {pip_deps - wanted}; only in pyproject: {wanted - pip_deps}"
 
 
