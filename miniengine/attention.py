@@ -42,15 +42,12 @@ def causal_attention(q, k, v, q_positions, k_positions):
     GQA: query head h uses KV head h // (n_heads // n_kv_heads), so a group of
     consecutive query heads shares one K/V head (HF's repeat_kv layout).
     """
-    n_heads, n_kv = q.shape[1], k.shape[1]
-    group = n_heads // n_kv
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
     visible = k_positions[None, :] <= q_positions[:, None]  # [Tq, Tk]
-    scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
+    # torch's fused kernel does softmax(q k^T / sqrt(d) + mask) v in one call; heads go first for it.
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible,
+        enable_gqa=q.shape[1] != k.shape[1])
+    return out.transpose(0, 1)  # [Tq, n_heads, d]
 
 
 class NoCacheBackend:

@@ -147,6 +147,7 @@ class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.config = cfg
+        self._rope: dict = {}  # (dtype, device) -> RoPE cos/sin tables; not parameters, not saved
         self.model = LlamaBody(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -160,6 +161,17 @@ class Llama(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
+    def rope_tables(self, dtype, device):
+        """cos/sin for every position up to max_position_embeddings, computed once per dtype and device.
+
+        A decode step then only gathers rows, instead of recomputing the angles.
+        """
+        key = (dtype, str(device))
+        if key not in self._rope:
+            c = self.config
+            self._rope[key] = rope_cos_sin(torch.arange(c.max_position_embeddings, device=device), c.head_dim, c.rope_theta, dtype)
+        return self._rope[key]
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once
 
@@ -170,7 +182,8 @@ class Llama(nn.Module):
         last token of each sequence in prefill, which is all that sampling needs).
         """
         x = self.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = self.rope_tables(x.dtype, x.device)
+        cos, sin = cos[positions], sin[positions]
         for layer in self.model.layers:
             x = layer(x, cos, sin, backend)
         x = self.model.norm(x)
