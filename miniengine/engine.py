@@ -20,7 +20,7 @@ from .kv_cache import cached_decode, cached_generate
 from .model import load_model
 from .paths import resolve_model_dir
 from .reference import naive_generate
-from .request import validate_prompt
+from .request import validate_requests
 from .sampling import SamplingParams
 from .tokenizer import IncrementalDetokenizer, load_tokenizer
 
@@ -60,16 +60,9 @@ class LLM:
             else:
                 texts.append(None)
                 ids.append(p)
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        params = [params] * len(ids) if isinstance(params, SamplingParams) else list(params)
-        if len(params) != len(ids):
-            raise ValueError(f"sampling_params must be one SamplingParams or one per prompt: got {len(params)} for {len(ids)} prompts")
         cfg = self.model.config
-        for n, (p, sp) in enumerate(zip(ids, params)):
-            try:
-                validate_prompt(p, sp, cfg.vocab_size, cfg.max_position_embeddings)
-            except ValueError as e:
-                raise ValueError(f"request {n}: {e}") from None
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        ids, params = validate_requests(ids, params, cfg.vocab_size, cfg.max_position_embeddings)
         return texts, ids, params
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:

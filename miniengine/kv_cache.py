@@ -19,8 +19,8 @@ import torch
 
 from .attention import causal_attention
 from .reference import Completion, in_dtype
-from .request import validate_prompt
-from .sampling import SamplingParams, sample_token
+from .request import validate_requests
+from .sampling import sample_token
 
 
 class KVCache:
@@ -112,11 +112,7 @@ def cached_decode(model, prompts, params, eos_token_id=None, dtype=torch.float32
     cfg = model.config
     if eos_token_id is None:
         eos_token_id = cfg.eos_token_id
-    if isinstance(params, SamplingParams):
-        params = [params] * len(prompts)
-    if len(params) != len(prompts):
-        raise ValueError(f"params must be one SamplingParams or one per prompt: got {len(params)} for {len(prompts)} prompts")
-    prompts = [validate_prompt(p, sp, cfg.vocab_size, cfg.max_position_embeddings) for p, sp in zip(prompts, params)]
+    prompts, params = validate_requests(prompts, params, cfg.vocab_size, cfg.max_position_embeddings)
     model = in_dtype(model, dtype)
     device = model.device
     caches = [KVCache(cfg, len(p) + sp.max_tokens, dtype, device) for p, sp in zip(prompts, params)]

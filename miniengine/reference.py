@@ -13,8 +13,8 @@ import dataclasses
 import torch
 
 from .attention import NoCacheBackend
-from .request import validate_prompt
-from .sampling import SamplingParams, sample_token
+from .request import validate_requests
+from .sampling import sample_token
 
 
 @dataclasses.dataclass
@@ -45,11 +45,7 @@ def naive_generate(model, prompts, params, eos_token_id: int | None = None, dtyp
     cfg = model.config
     if eos_token_id is None:
         eos_token_id = cfg.eos_token_id
-    if isinstance(params, SamplingParams):
-        params = [params] * len(prompts)
-    if len(params) != len(prompts):
-        raise ValueError(f"params must be one SamplingParams or one per prompt: got {len(params)} for {len(prompts)} prompts")
-    prompts = [validate_prompt(p, sp, cfg.vocab_size, cfg.max_position_embeddings) for p, sp in zip(prompts, params)]
+    prompts, params = validate_requests(prompts, params, cfg.vocab_size, cfg.max_position_embeddings)
     model = in_dtype(model, dtype)
     device = model.device
 

@@ -29,3 +29,23 @@ def validate_prompt(prompt_ids, params: SamplingParams, vocab_size: int, max_pos
             f"got {len(ids)} + {params.max_tokens} = {total}"
         )
     return [int(t) for t in ids]
+
+
+def validate_requests(prompts, params, vocab_size: int, max_position_embeddings: int):
+    """A batch of prompts with one SamplingParams for all or one per prompt.
+
+    Returns (prompts as lists of ints, one SamplingParams per prompt); a bad
+    request's error starts with its index, so the caller knows which one to fix.
+    """
+    if isinstance(params, SamplingParams):
+        params = [params] * len(prompts)
+    params = list(params)
+    if len(params) != len(prompts):
+        raise ValueError(f"params must be one SamplingParams or one per prompt: got {len(params)} for {len(prompts)} prompts")
+    checked = []
+    for n, (p, sp) in enumerate(zip(prompts, params)):
+        try:
+            checked.append(validate_prompt(p, sp, vocab_size, max_position_embeddings))
+        except ValueError as e:
+            raise ValueError(f"request {n}: {e}") from None
+    return checked, params
