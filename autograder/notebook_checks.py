@@ -194,7 +194,7 @@ def golden_logits(model64, case) -> np.ndarray:
 def show(tok, token_id) -> str:
     """A token id with its text, for messages: 1234 (' return')."""
     try:
-        return f"{token_id} ({tok.decode([int(token_id)])!r})"
+        return f"{token_id} ({tok.decode([int(token_id)], skip_special_tokens=False)!r})"  # shows <|endoftext|> too
     except Exception:  # an out-of-range id from a buggy submission: the number alone will do
         return str(token_id)
 
