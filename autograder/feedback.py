@@ -62,6 +62,22 @@ def leaks(page: Path, lines: set[str]) -> list[str]:
     return sorted(lines & shown)
 
 
+def _graded_students(lab: str) -> list[str]:
+    """Everyone with a submission for ``lab`` in course/gradebook.db, including notebooks that could not be read."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from .config import COURSE_ID
+
+    db = layout.COURSE / "gradebook.db"
+    if not db.exists():
+        return []
+    try:
+        with Gradebook(f"sqlite:///{db}", COURSE_ID) as gb:
+            return [sub.student.id for sub in gb.find_assignment(lab).submissions]
+    except MissingEntry:
+        return []
+
+
 def feedback(names=None, students=None) -> int:
     import nbformat
 
@@ -91,9 +107,8 @@ def feedback(names=None, students=None) -> int:
                     status = 1
                 else:
                     print(f"wrote {page}")
-        missing = sorted(set(students or []) - set(autograded))
-        for s in missing:
-            print(f"{lab.name}: no graded submission for {s}")
+        for s in sorted(set(students or _graded_students(lab.name)) - set(autograded)):
+            print(f"{lab.name}: no page for {s}: nothing of theirs ran (a corrupt notebook, or never graded)")
     if not graded_any:
         return 1
     return status
