@@ -2,8 +2,10 @@
 
 Runs a copy of the notebook top to bottom in a fresh kernel (the notebook file
 itself is not modified), then prints every test cell's result the way the
-grader would judge it.  Hidden test cells are empty in the student edition:
-they are listed, not run.  Exit status 0 when every visible test passed.
+grader would judge it.  A test cell the student edited runs in its released
+form when the release is at hand (course/release/), as it will when graded.
+Hidden test cells are empty in the student edition: they are listed, not run.
+Exit status 0 when every visible test passed.
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
     edited = {c.metadata.nbgrader["grade_id"] for c in nb.cells
               if c.get("metadata", {}).get("nbgrader", {}).get("grade") and "checksum" in c.metadata.nbgrader
               and not c.metadata.nbgrader.get("solution") and compute_checksum(c) != c.metadata.nbgrader["checksum"]}
+    restored = restore_test_cells(nb, edited)
+    tests = results.test_cells(nb)
     print(f"running {notebook} in a fresh kernel ({timeout} s per cell) ...", flush=True)
     start = time.monotonic()
     executor = GuardedExecute(timeout=timeout, kernel_name="python3", extra_arguments=kernel_arguments())
@@ -66,7 +70,8 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
         label = " (hidden)" if t.hidden else ""
         print(f"  {t.grade_id:<{width}}  {t.max_points:g} pts  {r.status}{label}" + (f": {r.message}" if r.message else ""))
         if t.grade_id in edited:
-            print(f"  {'':<{width}}  note: you edited this test cell; the grader runs the original")
+            how = "it was checked with the original, as the grader will" if t.grade_id in restored else "the grader runs the original"
+            print(f"  {'':<{width}}  note: you edited this test cell; {how}")
     for index, cell in enumerate(ran.cells):
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
@@ -76,6 +81,25 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
     kind = "visible tests" if any(_is_empty(t.source) for t in tests) or not any(t.hidden for t in tests) else "tests"
     print(f"\n{visible_ok} of {visible_n} {kind} passed ({points:g} of {max_points:g} points) in {seconds:.0f} s")
     return 0 if visible_ok == visible_n else 1
+
+
+def restore_test_cells(nb, edited: set[str]) -> set[str]:
+    """Put back the released source of edited test cells, when the release is at hand (course/release/)."""
+    import nbformat
+
+    if not edited:
+        return set()
+    for lab in layout.all_labs():
+        if not lab.release.exists():
+            continue
+        originals = {t.grade_id: t.source for t in results.test_cells(nbformat.read(lab.release, as_version=4))}
+        if edited <= set(originals):  # the lab these test cells belong to
+            for cell in nb.cells:
+                gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+                if gid in edited:
+                    cell.source = originals[gid]
+            return set(edited)
+    return set()
 
 
 def cells_of(tests) -> set[str]:

@@ -51,9 +51,10 @@ def test_student_workflow(tmp_path):
     nb = nbformat.read(student_nb, as_version=4)
     assert "BEGIN HIDDEN TESTS" not in nbformat.writes(nb) and "BEGIN SOLUTION" not in nbformat.writes(nb)
 
-    # an honest mistake: top-k drops the logits tied with the k-th largest
+    # an honest mistake: top-k drops the logits tied with the k-th largest (and its test cell "fixed" to pass)
     good = solutions()
-    write_solutions(student_nb, {**good, "top_k_mask": good["top_k_mask"].replace("logits >= kth", "logits > kth")})
+    write_solutions(student_nb, {**good, "top_k_mask": good["top_k_mask"].replace("logits >= kth", "logits > kth"),
+                                 "top-k-visible": "pass"})
     edited = student_nb.read_text()
     for args in (("release", "--if-missing"), ("release",)):
         r = run_cli(*args, env=env, cwd=tmp_path)
@@ -66,9 +67,12 @@ def test_student_workflow(tmp_path):
     assert "top-k-visible" in r.stdout and "top_k_mask([1.0, 3.0, 2.0, 3.0], k=1) should keep" in r.stdout
     assert "hidden: runs when your notebook is graded" in r.stdout  # hidden tests are listed, not run
     assert "greedy-visible            2 pts  passed" in r.stdout
+    assert "you edited this test cell; it was checked with the original" in r.stdout
 
     # fixed: check passes, and the grader agrees
-    write_solutions(student_nb, good)
+    released = nbformat.read(tmp_path / "course" / "release" / LAB / f"{LAB}.ipynb", as_version=4)
+    original_test = next(c.source for c in released.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "top-k-visible")
+    write_solutions(student_nb, {**good, "top-k-visible": original_test})
     r = run_cli("check", student_nb, env=env, cwd=tmp_path)
     assert r.returncode == 0 and "6 of 6 visible tests passed" in r.stdout, explain(r)
     r = run_cli("grade", student_nb, "--student", "me", "--out", tmp_path / "grades", env=env, cwd=tmp_path)
