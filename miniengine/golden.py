@@ -37,6 +37,7 @@ CUTOFF = 1e-4
 MAX_TOKENS = 24
 MIN_TOKENS = 8  # a greedy case cut shorter than this is dropped
 SEED_TRIES = 6
+HIDDEN_SEED_BASE = 500_000
 
 VISIBLE_PROMPTS = [
     "def fibonacci(n):",
@@ -112,7 +113,7 @@ def model_sha256(model_dir: Path) -> str:
     return hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()
 
 
-def build_cases(model, tok, prompts: list[str], eos_id: int) -> list[dict]:
+def build_cases(model, tok, prompts: list[str], eos_id: int, seed_base: int = 0) -> list[dict]:
     """Screened cases, one per (prompt, sampler kind), ordered by prompt then kind.
 
     Each kind runs all its prompts as one ragged batch (decoding is batch-invariant).
@@ -125,7 +126,7 @@ def build_cases(model, tok, prompts: list[str], eos_id: int) -> list[dict]:
     for kind, fields in CASE_KINDS.items():
         pending, longest = list(range(len(prompts))), {}
         for attempt in range(1 if kind == "greedy" else SEED_TRIES):
-            params = [SamplingParams(max_tokens=MAX_TOKENS, seed=1000 * pi + attempt, **fields) for pi in pending]
+            params = [SamplingParams(max_tokens=MAX_TOKENS, seed=seed_base + 1000 * pi + attempt, **fields) for pi in pending]
             outs = naive_generate(model, [ids[pi] for pi in pending], params, eos_id, return_logits=True)
             still = []
             for pi, sp, c in zip(pending, params, outs):
@@ -180,7 +181,8 @@ def build(model_dir: Path = TARGET) -> dict[Path, dict]:
     files = {VISIBLE_FILE: {**header, "cases": build_cases(model, tok, VISIBLE_PROMPTS, eos)}}
     if HIDDEN_PROMPTS_FILE.exists():
         hidden = json.loads(HIDDEN_PROMPTS_FILE.read_text())["prompts"]
-        files[HIDDEN_FILE] = {**header, "cases": build_cases(model, tok, hidden, eos)}
+        # Seeds of their own, so that no hidden sampled run shares its noise with a visible one.
+        files[HIDDEN_FILE] = {**header, "cases": build_cases(model, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE)}
     return files
 
 
