@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import nbformat
 import pytest
@@ -33,7 +34,12 @@ NAMES = sorted(MAKE.FIXTURES)
 def graded(tmp_path_factory):
     work = tmp_path_factory.mktemp("fixtures")
     env = isolated_env(work)
-    r = run_cli("grade", FIXTURES, "--lab", "lab01", "--workers", 2, "--timeout", 10, "--out", work / "grades",
+    submissions = work / "submissions"
+    submissions.mkdir()
+    for f in FIXTURES.iterdir():  # h_corrupt is committed as .ipynb.broken; a student would hand in .ipynb
+        if f.name.endswith((".ipynb", ".ipynb.broken")):
+            shutil.copy(f, submissions / f.name.removesuffix(".broken"))
+    r = run_cli("grade", submissions, "--lab", "lab01", "--workers", 2, "--timeout", 10, "--out", work / "grades",
                 env=env, cwd=work, timeout=900)
     assert r.returncode == 0, explain(r)
     students = {s["student"]: s for s in json.loads((work / "grades" / "grades.json").read_text())["students"]}
