@@ -33,6 +33,13 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from . import train
+
+    train.train(args)
+    return 0
+
+
 def cmd_info(args) -> int:
     from .model import load_model
     from .paths import resolve_model_dir
@@ -81,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a tiny Llama on the Python standard library")
     train.add_arguments(t)
-    t.set_defaults(func=lambda a: train.train(a) and 0)
+    t.set_defaults(func=cmd_train)
 
     gd = sub.add_parser("golden", help="regenerate (or --check) the golden reference outputs")
     golden.add_arguments(gd)
