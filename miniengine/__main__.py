@@ -19,7 +19,7 @@ def _fail(message: str) -> int:
 
 
 def cmd_generate(args) -> int:
-    from .engine import LLM
+    from .llm import LLM
     from .sampling import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

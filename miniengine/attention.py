@@ -1,15 +1,20 @@
-"""The one sequence-mixing op: causal attention with GQA, and RoPE.
+"""The one sequence-mixing op: causal attention with GQA, RoPE, and the ragged-batch layout.
 
 Every backend (no cache, KV cache, paged, speculative) gathers the keys and
-values a query may see and then calls :func:`causal_attention`.  No attention
-math lives anywhere else, so an optimisation can only change *which* history a
-query sees, never *how* it attends to it.
+values each query may see and then calls :func:`attention`.  No attention math
+lives anywhere else, so an optimisation can only change *which* history a query
+sees, never *how* it attends to it (miniengine/README.md, "The seam").
+
+A step's tokens arrive flattened: ``T`` rows, sequence after sequence, each
+sequence bringing a different number of new tokens (a whole prompt in prefill,
+one token in decode).  :class:`RaggedBatch` lays them out as a padded
+``[B, Tq]`` grid so that one batched attention call serves the whole step,
+with a mask hiding the padding.  No Python loop over sequences runs per layer.
 """
 from __future__ import annotations
 
-import math
-
 import torch
+import torch.nn.functional as F
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -34,20 +39,73 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def attention(q, k, v, visible):
+    """softmax(q k^T / sqrt(d) + mask) v for a batch of sequences: the course's only attention math.
+
+    q: [B, Tq, n_heads, d]; k, v: [B, Tk, n_kv_heads, d]; visible: [B, Tq, Tk] bool,
+    True where a query may see a key.  Returns [B, Tq, n_heads, d].
+    GQA: query head h uses KV head h // (n_heads // n_kv_heads), HF's repeat_kv layout.
+    The K/V heads are repeated explicitly rather than with SDPA's ``enable_gqa``,
+    because with a mask that flag sends CUDA to the slow math kernel.
+    """
+    groups = q.shape[2] // k.shape[2]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=visible[:, None])  # heads go second for SDPA
+    return out.transpose(1, 2)
+
+
 def causal_attention(q, k, v, q_positions, k_positions):
     """Attention of one sequence's queries over the keys it may see.
 
     q: [Tq, n_heads, d]; k, v: [Tk, n_kv_heads, d]; positions are absolute token
     positions.  A query attends to every key whose position is <= its own.
-    GQA: query head h uses KV head h // (n_heads // n_kv_heads), so a group of
-    consecutive query heads shares one K/V head (HF's repeat_kv layout).
     """
     visible = k_positions[None, :] <= q_positions[:, None]  # [Tq, Tk]
-    # torch's fused kernel does softmax(q k^T / sqrt(d) + mask) v in one call; heads go first for it.
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible,
-        enable_gqa=q.shape[1] != k.shape[1])
-    return out.transpose(0, 1)  # [Tq, n_heads, d]
+    return attention(q[None], k[None], v[None], visible[None])[0]
+
+
+class RaggedBatch:
+    """Where each of a step's T flattened tokens sits in a padded [B, Tq] grid.
+
+    ``new_tokens[b]`` tokens belong to sequence b, laid end to end.  ``pad`` turns
+    a [T, ...] tensor into [B, Tq, ...] (padding rows are zero), ``unpad`` turns
+    it back.  ``query_index[b, i]`` is query i's offset within its sequence's new
+    tokens, and ``valid`` says which grid cells hold a real token.
+    """
+
+    def __init__(self, new_tokens, device):
+        self.new_tokens = [int(n) for n in new_tokens]
+        n = torch.tensor(self.new_tokens, device=device)
+        self.B, self.Tq, self.T = len(self.new_tokens), max(self.new_tokens), sum(self.new_tokens)
+        self.n = n
+        self.query_index = torch.arange(self.Tq, device=device)[None, :].expand(self.B, self.Tq)
+        self.valid = self.query_index < n[:, None]  # [B, Tq]
+        if self.Tq > 1:  # decode-only steps (Tq == 1) need no gather at all
+            starts = n.cumsum(0) - n
+            self._rows = torch.where(self.valid, starts[:, None] + self.query_index, self.T)  # T: the zero pad row
+            self._keep = self.valid.flatten().nonzero().squeeze(1)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        if self.Tq == 1:
+            return x[:, None]
+        return torch.cat([x, x.new_zeros((1,) + x.shape[1:])])[self._rows]
+
+    def unpad(self, y: torch.Tensor) -> torch.Tensor:
+        if self.Tq == 1:
+            return y[:, 0]
+        return y.flatten(0, 1)[self._keep]
+
+    def causal_visible(self, history: torch.Tensor, num_keys: int) -> torch.Tensor:
+        """[B, Tq, num_keys] mask: query i of sequence b, at position history[b] + i, sees keys 0 .. its position.
+
+        Padding queries see key 0 only, so that no softmax row is empty (their output is dropped anyway).
+        """
+        q_pos = history[:, None] + self.query_index  # [B, Tq]
+        keys = torch.arange(num_keys, device=history.device)
+        visible = keys[None, None, :] <= q_pos[:, :, None]
+        return torch.where(self.valid[:, :, None], visible, keys[None, None, :] == 0)
 
 
 class NoCacheBackend:
@@ -59,13 +117,12 @@ class NoCacheBackend:
 
     def __init__(self, seq_lens):
         self.seq_lens = [int(n) for n in seq_lens]
+        self._layout = None
 
     def attend(self, layer, q, k, v):
-        out = torch.empty_like(q)
-        start = 0
-        for n in self.seq_lens:
-            pos = torch.arange(n, device=q.device)
-            sl = slice(start, start + n)
-            out[sl] = causal_attention(q[sl], k[sl], v[sl], pos, pos)
-            start += n
-        return out
+        if self._layout is None:  # built once, on the first layer, on the tensors' device
+            self._layout = RaggedBatch(self.seq_lens, q.device)
+            zero = torch.zeros(len(self.seq_lens), dtype=torch.long, device=q.device)
+            self._visible = self._layout.causal_visible(zero, self._layout.Tq)
+        L = self._layout
+        return L.unpad(attention(L.pad(q), L.pad(k), L.pad(v), self._visible))

@@ -53,3 +53,44 @@ def test_rope_is_a_rotation_of_pairs_half_a_head_apart():
     rotated = z * torch.polar(torch.ones(5, 1, d // 2, dtype=torch.float64), pos[:, None, None] * freqs)
     torch.testing.assert_close(ours, torch.cat([rotated.real, rotated.imag], -1))
     assert math.isclose(ours.norm().item(), x.norm().item(), rel_tol=1e-12)
+
+
+def test_one_batched_call_equals_attention_sequence_by_sequence():
+    """NoCacheBackend pads a ragged batch into one attention call; each sequence must get what it gets alone."""
+    from miniengine.attention import NoCacheBackend
+    torch.manual_seed(2)
+    lens = [5, 1, 3]
+    q, k, v = torch.randn(9, 4, 8), torch.randn(9, 2, 8), torch.randn(9, 2, 8)
+    batched = NoCacheBackend(lens).attend(0, q, k, v)
+    start = 0
+    for n in lens:
+        pos = torch.arange(n)
+        alone = causal_attention(q[start:start + n], k[start:start + n], v[start:start + n], pos, pos)
+        torch.testing.assert_close(batched[start:start + n], alone, atol=1e-6, rtol=1e-6)
+        start += n
+
+
+def test_cached_backend_mixes_prefill_and_decode_in_one_call():
+    """Two sequences decode one token each while a third prefills four: all in one pass over one arena."""
+    from miniengine.kv import CachedBackend, KVArena, KVCache
+    from miniengine.model import LlamaConfig
+    torch.manual_seed(3)
+    cfg = LlamaConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1)
+    arena = KVArena(cfg, 40)
+    caches = [KVCache.in_arena(arena, n) for n in (10, 12, 8)]
+    hist = [torch.randn(n, 2, 4) for n in (6, 3)]  # earlier tokens' K (V = K + 1) of the two decoding sequences
+    for c, h in zip(caches, hist):
+        c.write(0, 0, h, h + 1)
+        c.length = h.shape[0]
+    q, k = torch.randn(6, 4, 4), torch.randn(6, 2, 4)
+    backend = CachedBackend(caches, [1, 1, 4])
+    assert backend.positions().tolist() == [6, 3, 0, 1, 2, 3]
+    out = backend.attend(0, q, k, k + 1)
+    full_k = [torch.cat([hist[0], k[0:1]]), torch.cat([hist[1], k[1:2]]), k[2:6]]
+    rows = [slice(0, 1), slice(1, 2), slice(2, 6)]
+    for fk, r, (start, n) in zip(full_k, rows, [(6, 1), (3, 1), (0, 4)]):
+        pos = torch.arange(start + n)
+        alone = causal_attention(q[r], fk, fk + 1, pos[start:], pos)
+        torch.testing.assert_close(out[r], alone, atol=1e-6, rtol=1e-6)
+    backend.advance()
+    assert [c.length for c in caches] == [7, 4, 4]

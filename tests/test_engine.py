@@ -1,7 +1,8 @@
-"""The vLLM-shaped API: LLM.generate, LLM.stream, and bad requests."""
+"""The vLLM-shaped API: LLM.generate, LLM.stream, add_request/step, and bad requests."""
 import pytest
 
 from miniengine import LLM, SamplingParams
+from miniengine.reference import naive_generate
 
 
 @pytest.fixture(scope="module")
@@ -14,13 +15,14 @@ def test_generate_returns_golden_tokens_and_text(llm, golden, tok):
     outs = llm.generate([c["prompt"] for c in cases], [SamplingParams(**c["params"]) for c in cases])
     for c, o in zip(cases, outs):
         assert o.token_ids == c["token_ids"] and o.text == tok.decode(c["token_ids"]) and o.prompt == c["prompt"]
+        assert o.finished and o.finish_reason == c["finish_reason"]
 
 
-def test_naive_and_cached_engines_agree(llm, golden):
-    c = golden["cases"][1]
-    naive = LLM(model="target", kv_cache=False)
-    sp = SamplingParams(**c["params"])
-    assert naive.generate(c["prompt_token_ids"], sp)[0].token_ids == llm.generate(c["prompt_token_ids"], sp)[0].token_ids
+def test_the_engine_agrees_with_the_float64_reference_off_the_golden_set(llm, target):
+    """A prompt outside the golden files: the oracle runs here, independently of the engine."""
+    sp = SamplingParams(temperature=0.7, top_k=50, seed=11, max_tokens=12)
+    prompt = llm.tokenizer.encode("class Stack:\n    def push(self, item):").ids
+    assert llm.generate(prompt, sp)[0].token_ids == naive_generate(target, [prompt], sp)[0].token_ids
 
 
 def test_stream_concatenates_to_the_text(llm):
@@ -28,10 +30,42 @@ def test_stream_concatenates_to_the_text(llm):
     assert "".join(llm.stream("def main():", sp)) == llm.generate("def main():", sp)[0].text
 
 
+def test_add_request_and_step_drive_the_engine_one_step_at_a_time(llm, golden):
+    a, b = golden["cases"][0], golden["cases"][7]
+    ra = llm.add_request(a["prompt_token_ids"], SamplingParams(**a["params"]))
+    first = llm.step()
+    assert [o.request_id for o in first] == [ra] and len(first[0].token_ids) == 1 and not first[0].finished
+    rb = llm.add_request(b["prompt"], SamplingParams(**b["params"]))  # joins while a is decoding
+    done = {}
+    while llm.has_unfinished_requests():
+        for o in llm.step():
+            if o.finished:
+                done[o.request_id] = o
+    assert done[ra].token_ids == a["token_ids"] and done[rb].token_ids == b["token_ids"]
+    assert done[rb].prompt == b["prompt"]
+
+
 def test_a_bad_request_names_its_index_and_the_engine_keeps_serving(llm):
     with pytest.raises(ValueError, match=r"request 1: prompt token id at index 0 must be an integer in \[0, 4096\), got 5000"):
         llm.generate([[1, 2], [5000]], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"request 0: len\(prompt\) \+ max_tokens must be <= max_position_embeddings=512"):
+        llm.generate([[1] * 500], SamplingParams(max_tokens=20))
+    assert not llm.has_unfinished_requests()  # nothing of the bad batch was queued
     assert len(llm.generate([[1, 2]], SamplingParams(max_tokens=2))[0].token_ids) >= 1
+
+
+def test_abort_frees_the_request_and_the_others_finish(golden):
+    llm = LLM(kv_cache_tokens=400)
+    a, b = golden["cases"][0], golden["cases"][1]
+    ra = llm.add_request(a["prompt_token_ids"], SamplingParams(**a["params"]))
+    rb = llm.add_request(b["prompt_token_ids"], SamplingParams(**b["params"]))
+    llm.step()
+    assert llm.abort(ra) and not llm.abort(ra) and not llm.abort("nobody")
+    outs = []
+    while llm.has_unfinished_requests():
+        outs += [o for o in llm.step() if o.finished]
+    assert [o.request_id for o in outs] == [rb] and outs[0].token_ids == b["token_ids"]
+    assert llm.engine.kv.arena.slots_reserved == 0
 
 
 def test_bad_engine_arguments():
@@ -39,3 +73,22 @@ def test_bad_engine_arguments():
         LLM(model="target", dtype="int8")
     with pytest.raises(FileNotFoundError, match="model='nowhere'"):
         LLM(model="nowhere")
+    with pytest.raises(ValueError, match=r"max_num_seqs must be an integer >= 1, got 0"):
+        LLM(max_num_seqs=0)
+    with pytest.raises(ValueError, match=r"scheduling_policy must have a method admit\(waiting, running, budget\)"):
+        LLM(scheduling_policy=object())
+    with pytest.raises(ValueError, match=r"kv must have the methods can_allocate, allocate, free and backend; int lacks"):
+        LLM(kv=3)
+    with pytest.raises(TypeError):
+        LLM(kv_cache=False)  # not an engine argument: the no-cache decoder is the reference, naive_generate
+
+
+def test_engine_limits_are_request_errors_that_name_the_field():
+    llm = LLM(max_num_batched_tokens=16, kv_cache_tokens=40)
+    with pytest.raises(ValueError, match=r"len\(prompt\) must be <= max_num_batched_tokens=16 .*, got 17"):
+        llm.add_request(list(range(1, 18)), SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match=r"len\(prompt\) \+ max_tokens must be <= kv_cache_tokens=40, got 10 \+ 31"):
+        llm.add_request(list(range(1, 11)), SamplingParams(max_tokens=31))
+    with pytest.raises(ValueError, match=r"request_id 'x' is already in use"):
+        llm.add_request([1], SamplingParams(max_tokens=1), request_id="x")
+        llm.add_request([1], SamplingParams(max_tokens=1), request_id="x")

@@ -1,0 +1,54 @@
+"""EngineConfig: everything that shapes an engine, checked once, with messages that name the field."""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    """The model, its precision and device, the step budgets, the KV memory, and the plug points.
+
+    Plug points (None means the course's own implementation):
+      sampler            ``sampler(logits[B, V], params, positions) -> list[int]``   (Lab 01)
+      kv                 a KV layout: can_allocate / allocate / free / backend     (Lab 02)
+      scheduling_policy  ``admit(waiting, running, budget) -> list[Sequence]``      (Lab 04)
+    """
+
+    model: object = "data/models/target"  # a directory (or a shipped model's name), or a loaded Llama
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_num_seqs: int = 64               # sequences in one step
+    max_num_batched_tokens: int = 4096   # tokens in one step (prefill tokens + one per decode)
+    kv_cache_tokens: int = 16384         # positions of K/V the contiguous arena holds, all sequences together
+    sampler: object = None
+    kv: object = None
+    scheduling_policy: object = None
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens"):
+            _positive_int(name, getattr(self, name))
+        if self.sampler is not None and not callable(self.sampler):
+            raise ValueError(f"sampler must be callable as sampler(logits, params, positions), got {type(self.sampler).__name__}")
+        if self.scheduling_policy is not None and not callable(getattr(self.scheduling_policy, "admit", None)):
+            raise ValueError("scheduling_policy must have a method admit(waiting, running, budget), "
+                             f"got {type(self.scheduling_policy).__name__}")
+        missing = [m for m in ("can_allocate", "allocate", "free", "backend") if self.kv is not None and not hasattr(self.kv, m)]
+        if missing:
+            raise ValueError(f"kv must have the methods can_allocate, allocate, free and backend; "
+                             f"{type(self.kv).__name__} lacks {', '.join(missing)}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

@@ -1,0 +1,14 @@
+"""The engine core, one concept per module, in the shape of nano-vllm and vLLM:
+
+    LLMEngine.step() = Scheduler.schedule() -> ModelRunner.run() -> Scheduler.postprocess()
+
+sequence.py (a request's state), policy.py (who joins a step), scheduler.py
+(budgets and the one stop rule), model_runner.py (flatten, run, sample),
+llm_engine.py (the loop).
+"""
+from .llm_engine import LLMEngine
+from .policy import Budget, FCFSPolicy
+from .scheduler import ScheduledBatch, Scheduler
+from .sequence import Sequence, SequenceStatus
+
+__all__ = ["LLMEngine", "Budget", "FCFSPolicy", "ScheduledBatch", "Scheduler", "Sequence", "SequenceStatus"]

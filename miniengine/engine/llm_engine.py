@@ -1,0 +1,92 @@
+"""LLMEngine: add requests at any time, then call step() until none is left.
+
+    engine = LLMEngine(EngineConfig(model="data/models/target"))
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
+    while engine.has_unfinished_requests():
+        for seq in engine.step(): ...
+
+A step is schedule -> run -> postprocess.  A bad request is rejected by
+add_request with a ValueError and never enters the queue, so the others keep
+being served.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import EngineConfig
+from ..kv import ContiguousKV
+from ..layers.sampler import Sampler
+from ..model import load_model
+from ..paths import resolve_model_dir
+from ..request import validate_prompt
+from ..sampling import SamplingParams
+from .model_runner import ModelRunner
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, keep_logits: bool = False):
+        self.config = config
+        dtype = config.torch_dtype
+        if isinstance(config.model, torch.nn.Module):
+            model = config.model
+            self.model_dir = None
+            if model.dtype != dtype or str(model.device) != str(torch.device(config.device)):
+                raise ValueError(f"model is a loaded {model.dtype} model on {model.device}, but the engine was asked "
+                                 f"for dtype={config.dtype!r} on device={config.device!r}: load it that way")
+        else:
+            self.model_dir = resolve_model_dir(config.model)
+            model = load_model(self.model_dir, dtype=dtype, device=config.device)
+        self.model = model
+        cfg = model.config
+        self.kv = config.kv if config.kv is not None else ContiguousKV(cfg, config.kv_cache_tokens, dtype, model.device)
+        self.scheduler = Scheduler(self.kv, cfg.eos_token_id, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.scheduling_policy)
+        self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits)
+        self.requests: dict = {}  # request_id -> Sequence, finished ones included until collected
+
+    def add_request(self, prompt_token_ids, params: SamplingParams | None = None, request_id=None,
+                    arrival_time: float = 0.0) -> Sequence:
+        params = SamplingParams() if params is None else params
+        ids = self.check_request(prompt_token_ids, params)
+        if request_id is not None and request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        seq = Sequence(ids, params, request_id, arrival_time)
+        self.requests[seq.request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def check_request(self, prompt_token_ids, params: SamplingParams) -> list[int]:
+        """The prompt as plain ints, or a ValueError naming the field and its allowed range."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        cfg = self.model.config
+        ids = validate_prompt(prompt_token_ids, params, cfg.vocab_size, cfg.max_position_embeddings)
+        c = self.config
+        if len(ids) > c.max_num_batched_tokens:
+            raise ValueError(f"len(prompt) must be <= max_num_batched_tokens={c.max_num_batched_tokens} (a prompt is "
+                             f"prefilled in one step), got {len(ids)}")
+        if isinstance(self.kv, ContiguousKV) and len(ids) + params.max_tokens > c.kv_cache_tokens:
+            raise ValueError(f"len(prompt) + max_tokens must be <= kv_cache_tokens={c.kv_cache_tokens}, "
+                             f"got {len(ids)} + {params.max_tokens}")
+        return ids
+
+    def abort(self, request_id) -> bool:
+        """Stop a request and free its KV memory; False if it is unknown or already finished."""
+        return self.scheduler.abort(request_id) is not None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[Sequence]:
+        """One forward pass over this step's batch; returns the sequences that got a token (finished ones too)."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError(f"the scheduling policy admitted no request while none is running, with "
+                                   f"{len(self.scheduler.waiting)} waiting: the engine would stall")
+            return []
+        tokens = self.runner.run(batch)
+        self.scheduler.postprocess(batch, tokens)
+        return batch.seqs

@@ -1,0 +1,35 @@
+"""The model runner: one scheduled batch in, one sampled token per sequence out.
+
+It flattens the batch's new tokens into ``input_ids``, asks the KV plug for the
+step's backend (which knows the positions and where K/V live), runs the model
+once, keeps only the last row of each sequence (``logits_indices``), and hands
+those rows to the sampler.
+"""
+from __future__ import annotations
+
+import torch
+
+from .scheduler import ScheduledBatch
+
+
+class ModelRunner:
+    def __init__(self, model, kv, sampler, keep_logits: bool = False):
+        self.model, self.kv, self.sampler, self.keep_logits = model, kv, sampler, keep_logits
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[int]:
+        device = self.model.device
+        ids = [t for s, n in zip(batch.seqs, batch.num_new_tokens) for t in s.token_ids[s.num_cached_tokens:][:n]]
+        input_ids = torch.tensor(ids, device=device)
+        backend = self.kv.backend(batch.seqs, batch.num_new_tokens)
+        positions = backend.positions(device)
+        logits_indices = torch.tensor(batch.num_new_tokens, device=device).cumsum(0) - 1
+        logits = self.model(input_ids, positions, backend, logits_indices=logits_indices)
+        backend.advance()
+        # The token a row chooses lands right after the sequence's last fed token.
+        sample_positions = [s.num_cached_tokens + n for s, n in zip(batch.seqs, batch.num_new_tokens)]
+        if self.keep_logits:
+            for s, row in zip(batch.seqs, logits.float().cpu()):
+                s.logits = [] if s.logits is None else s.logits
+                s.logits.append(row.clone())
+        return self.sampler(logits, [s.params for s in batch.seqs], sample_positions)

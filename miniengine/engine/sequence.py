@@ -1,0 +1,69 @@
+"""A Sequence carries one request's state through the engine, from waiting to finished."""
+from __future__ import annotations
+
+import enum
+import itertools
+
+from ..sampling import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"    # queued; holds no KV memory
+    RUNNING = "running"    # admitted; owns KV memory and decodes one token per step
+    FINISHED = "finished"  # stopped (end-of-text, max_tokens or abort); its KV memory is freed
+
+
+class Sequence:
+    """Token ids (prompt, then output), how many of them the KV cache holds, and the request's own params.
+
+    ``num_cached_tokens`` counts the tokens whose K/V are stored.  The tokens a
+    step must feed are the ones after it: the whole prompt at first, then the
+    last sampled token.  The last token chosen is never fed, so a finished
+    request has fed Lp + Lo - 1 tokens.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, request_id=None, arrival_time: float = 0.0):
+        self.seq_id = next(Sequence._ids)
+        self.request_id = self.seq_id if request_id is None else request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        self.num_cached_tokens = 0
+        self.tokens_processed = 0  # tokens fed through the model, over all steps (recomputation counts again)
+        self.finish_reason: str | None = None  # "stop" (end-of-text), "length" (max_tokens) or "abort"
+        self.arrival_time = arrival_time
+        self.kv = None  # the KV plug's handle, while RUNNING
+        self.logits: list | None = None  # the chosen rows, when the engine keeps them
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens this sequence must feed in its next step."""
+        return self.num_tokens - self.num_cached_tokens
+
+    @property
+    def max_len(self) -> int:
+        """Positions its KV cache may have to hold: the prompt plus every token it may generate."""
+        return self.num_prompt_tokens + self.params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence(request_id={self.request_id!r}, status={self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"output={len(self.output_token_ids)}, cached={self.num_cached_tokens})")

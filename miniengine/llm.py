@@ -1,0 +1,106 @@
+"""The public API, shaped like vLLM's so that what students learn transfers:
+
+    llm = LLM(model="data/models/target")
+    outputs = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0, max_tokens=64))
+    print(outputs[0].text)
+    for delta in llm.stream("import os", SamplingParams(max_tokens=32)):
+        print(delta, end="")
+
+Behind it runs :class:`~miniengine.engine.LLMEngine`.  Keyword arguments are
+:class:`~miniengine.config.EngineConfig` fields, plug points included, for example
+``LLM(sampler=PerRowSampler(my_sample))``.  ``generate`` checks every request
+before running any and says which request index is at fault; ``add_request``
+and ``step`` drive the engine one step at a time.
+"""
+from __future__ import annotations
+
+from .config import EngineConfig
+from .engine import LLMEngine
+from .outputs import RequestOutput
+from .paths import TARGET
+from .sampling import SamplingParams
+from .tokenizer import IncrementalDetokenizer, load_tokenizer
+
+
+class LLM:
+    def __init__(self, model="data/models/target", **engine_args):
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        self.model = self.engine.model
+        self.tokenizer = load_tokenizer(self.engine.model_dir or TARGET)
+        self._texts: dict = {}
+
+    def _encode(self, prompt):
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt).ids
+        return None, prompt
+
+    def _as_list(self, prompts, sampling_params):
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # one prompt, not a list of them
+        prompts = list(prompts)
+        params = SamplingParams() if sampling_params is None else sampling_params
+        params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling_params must be one SamplingParams or one per prompt: "
+                             f"got {len(params)} for {len(prompts)} prompts")
+        return prompts, params
+
+    def add_request(self, prompt, sampling_params: SamplingParams | None = None, request_id=None):
+        """Queue one request (a string or token ids); returns its request_id.  Raises ValueError if it is bad."""
+        text, ids = self._encode(prompt)
+        seq = self.engine.add_request(ids, sampling_params, request_id)
+        self._texts[seq.request_id] = text
+        return seq.request_id
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; an output for every request that got a token (``finished`` says if it is done)."""
+        return [self._output(s) for s in self.engine.step()]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def abort(self, request_id) -> bool:
+        return self.engine.abort(request_id)
+
+    def _output(self, seq) -> RequestOutput:
+        if seq.is_finished:
+            self.engine.requests.pop(seq.request_id, None)
+            text = self._texts.pop(seq.request_id, None)
+        else:
+            text = self._texts.get(seq.request_id)
+        out = seq.output_token_ids
+        return RequestOutput(seq.request_id, text, seq.prompt_token_ids, out, self.tokenizer.decode(out),
+                             seq.finish_reason, seq.tokens_processed, seq.is_finished)
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Prompts are strings or lists of token ids; returns one RequestOutput per prompt, in order."""
+        prompts, params = self._as_list(prompts, sampling_params)
+        encoded = [self._encode(p) for p in prompts]
+        for n, ((_, ids), sp) in enumerate(zip(encoded, params)):  # check them all before running any
+            try:
+                self.engine.check_request(ids, sp)
+            except ValueError as e:
+                raise ValueError(f"request {n}: {e}") from None
+        seqs = []
+        for (text, ids), sp in zip(encoded, params):
+            seq = self.engine.add_request(ids, sp)
+            self._texts[seq.request_id] = text
+            seqs.append(seq)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        return [self._output(s) for s in seqs]
+
+    def stream(self, prompt, sampling_params: SamplingParams | None = None):
+        """Yields the completion's text in pieces as tokens are generated."""
+        rid = self.add_request(prompt, sampling_params)
+        seq = self.engine.requests[rid]
+        detok = IncrementalDetokenizer(self.tokenizer)
+        sent = 0
+        while not seq.is_finished:
+            self.engine.step()
+            for tok in seq.output_token_ids[sent:]:
+                delta = detok.push(tok)
+                if delta:
+                    yield delta
+            sent = len(seq.output_token_ids)
+        self._output(seq)
