@@ -2,7 +2,7 @@
 
 The model never owns a KV cache.  Every layer hands its freshly projected q, k, v
 to ``backend.attend(layer, q, k, v)``; the backend decides which history each
-query sees (DESIGN.md section 3).  That single call is the seam every milestone
+query sees (miniengine/README.md, "The seam").  That single call is the seam every milestone
 plugs into: naive decode, KV cache, batching, paging and speculation differ only
 in the backend they pass here.
 """

@@ -1,4 +1,4 @@
-"""Sampling parameters and a batch-invariant sampler (DESIGN.md section 4).
+"""Sampling parameters and a batch-invariant sampler (miniengine/README.md, "Sampling").
 
 The sampler is the Gumbel-max trick: adding independent Gumbel noise to the
 (temperature-scaled, masked) logits and taking the argmax draws a token from

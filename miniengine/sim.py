@@ -1,35 +1,48 @@
-"""Workloads and a discrete-event simulator of a serving engine on the paper GPU's clock.
+"""Workloads and a discrete-event simulator that drives the engine's own scheduler on the paper GPU's clock.
 
 Correctness comes from running the real (tiny) model; speed comes from this
 simulator.  It never sleeps: the clock jumps from one event to the next (an
 arrival, the end of a forward pass, a batching timeout), and each forward costs
-what ``roofline.CostModel`` says it would cost on, say, an H100 running
-Llama-3-8B.  Minutes of traffic simulate in well under a second.
+what the cost model says it would cost on, say, an H100 running Llama-3-8B.
+Minutes of traffic simulate in well under a second.
+
+The simulator plays only the model's part.  The engine's ``Scheduler`` and the
+same policy objects the real engine runs (``FCFS``, ``StaticBatching``, any
+``admit(waiting, running, budget)`` policy) choose every step's batch; the
+simulator prices that batch, and then "samples" a token for each sequence:
+end-of-text when the request has reached its output length, another token
+otherwise.  The scheduler therefore learns that a request is done only at the
+step it ends, exactly as in the real engine.  Only the simulator knows output
+lengths in advance.
 
 The pieces:
 - ``chat_workload``: requests with Poisson arrivals and long-tailed (lognormal)
   prompt and output lengths, seeded.
-- ``Scheduler``: the policy.  Each time the GPU is free it is asked for a ``Plan``
-  (which sequences the next forward passes feed, and how many tokens each), or
-  for a time to be woken at, or for nothing.  ``FCFS`` serves one request at a
-  time; ``StaticBatching`` gathers a batch and runs it until its longest request
-  finishes.  Continuous batching is one more ``Scheduler`` that re-plans every
-  step; the simulator needs no change for it.
 - ``simulate``: runs the event loop and fills each request's ``RequestTimeline``.
 - ``sweep``: the same workload at many arrival rates, for the hockey-stick plots.
+
+A cost model is any object with ``forward(new_tokens, context).step_time_s``
+(one ragged forward: sequence i feeds new_tokens[i] tokens on top of context[i]
+cached ones); ``decode_run_times(contexts, steps)`` is optional and only makes
+long stretches of unchanged decode batches faster to price.
 """
 from __future__ import annotations
 
-import abc
-import collections
 import dataclasses
 import math
-from typing import Callable, Sequence
+from typing import Callable, Sequence as Seq
 
 import numpy as np
 
+from .engine.policy import FCFSPolicy, StaticBatching  # noqa: F401  (StaticBatching: re-exported for notebooks)
+from .engine.scheduler import ScheduledBatch, Scheduler
+from .engine.sequence import Sequence
 from .metrics import SLO, RequestTimeline, duration, summarize
-from .roofline import CostModel
+from .sampling import SamplingParams
+
+EOS, OTHER = 0, 1  # the simulated model's tokens: end-of-text, and anything else
+NO_LIMIT = 1 << 40  # a real server caps max_tokens; the simulated requests stop by end-of-text alone
+
 
 # ---------------------------------------------------------------- workload
 
@@ -44,6 +57,7 @@ class SimRequest:
     output_len: int
     cached: int = 0  # tokens whose K/V are in the cache
     timeline: RequestTimeline = None
+    seq: Sequence | None = None  # the engine's view of it: what the scheduler and policy see
 
     def __post_init__(self):
         if self.prompt_len < 1 or self.output_len < 1:
@@ -78,7 +92,7 @@ def chat_workload(n: int, rate: float, seed: int = 0, prompt_mean: float = 512, 
                   sigma: float = 1.0) -> list[SimRequest]:
     """``n`` chat-like requests arriving as a Poisson process of ``rate`` requests/s.
 
-    Lengths follow the seed's chat workload: lognormal with means 512 (prompt) and
+    Lengths follow a typical chat workload: lognormal with means 512 (prompt) and
     256 (output).  sigma = 1 gives median outputs of about 155 tokens and a P99 near
     1,600: a few requests generate more than a thousand tokens and hold a batch-1
     GPU for ten seconds or more, the head-of-line blocking the lecture is about.
@@ -98,105 +112,25 @@ def chat_workload(n: int, rate: float, seed: int = 0, prompt_mean: float = 512, 
     return [SimRequest(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
 
 
-# ---------------------------------------------------------------- the policy seam
-
-
-@dataclasses.dataclass
-class Work:
-    """One sequence's part in a forward: ``new_tokens`` fed on top of its cached ones."""
-
-    request: SimRequest
-    new_tokens: int  # its prompt (prefill) or 1 (decode)
-    emits: bool = True  # False: a finished request still holding its seat, computed but discarded
-
-
-@dataclasses.dataclass
-class Plan:
-    """What the GPU runs next: ``steps`` consecutive forwards over the same sequences.
-
-    ``steps > 1`` is a shortcut for a stretch of pure decode in which the batch does not
-    change (every item feeds 1 token per step); the simulator prices it in one call.
-    """
-
-    work: list[Work]
-    steps: int = 1
-
-
-class Scheduler(abc.ABC):
-    """Chooses each forward's batch.  The simulator owns the clock and the model; the scheduler owns the queue.
-
-    ``plan(now)`` returns a ``Plan`` to run now, or a time at which to be asked again
-    (for example a batching timeout), or ``None`` to wait for the next arrival.
-    Request state (``cached``, ``generated``, ``done``) is updated by whoever runs the
-    plan, so the same scheduler can drive the simulator or a real engine: it reads only
-    ``arrival``, ``prompt_len``, ``cached``, ``remaining`` and ``done`` of a request.
-    """
-
-    def __init__(self):
-        self.waiting: collections.deque[SimRequest] = collections.deque()
-
-    def add(self, request: SimRequest, now: float) -> None:
-        self.waiting.append(request)
-
-    @abc.abstractmethod
-    def plan(self, now: float) -> Plan | float | None: ...
-
-
-def _prefill(batch: Sequence[SimRequest]) -> Plan:
-    return Plan([Work(r, r.prompt_len) for r in batch])
-
-
-class FCFS(Scheduler):
+def FCFS() -> FCFSPolicy:
     """Batch size 1, first come first served: the baseline that leaves the GPU 99% idle."""
-
-    def __init__(self):
-        super().__init__()
-        self.running: SimRequest | None = None
-
-    def plan(self, now):
-        if self.running is not None and self.running.done:
-            self.running = None
-        if self.running is None:
-            if not self.waiting:
-                return None
-            self.running = self.waiting.popleft()
-            return _prefill([self.running])
-        # Nothing can change the plan until this request ends: price all its decode steps at once.
-        return Plan([Work(self.running, 1)], steps=self.running.remaining)
+    return FCFSPolicy(max_num_seqs=1)
 
 
-class StaticBatching(Scheduler):
-    """Request-level batching: gather ``batch_size`` requests (or wait ``timeout_s`` past the oldest's
-    arrival), prefill them together, decode until the longest is done, then take the next batch.
+class UnlimitedKV:
+    """The KV plug for the simulator: admission is limited by seats and tokens, not by KV memory."""
 
-    With ``pad_finished`` (the default, like FasterTransformer-era engines) finished requests keep
-    their seats and are computed along with the others until the batch ends; without it they stop
-    being computed, but their seats still cannot go to a waiting request.
-    """
+    def can_allocate(self, seq) -> bool:
+        return True
 
-    def __init__(self, batch_size: int, timeout_s: float = 0.2, pad_finished: bool = True):
-        super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-        if timeout_s < 0:
-            raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
-        self.batch_size, self.timeout_s, self.pad_finished = batch_size, timeout_s, pad_finished
-        self.batch: list[SimRequest] = []
+    def allocate(self, seq) -> None:
+        seq.kv = True
 
-    def plan(self, now):
-        if all(r.done for r in self.batch):
-            self.batch = []
-            if not self.waiting:
-                return None
-            deadline = self.waiting[0].arrival + self.timeout_s
-            if len(self.waiting) < self.batch_size and now < deadline:
-                return deadline
-            self.batch = [self.waiting.popleft() for _ in range(min(self.batch_size, len(self.waiting)))]
-            return _prefill(self.batch)
-        live = [r for r in self.batch if not r.done]
-        seats = self.batch if self.pad_finished else live
-        # Re-plan when the next request finishes: its seat stops emitting (or stops being computed).
-        return Plan([Work(r, 1, emits=not r.done) for r in seats], steps=min(r.remaining for r in live))
+    def free(self, seq) -> None:
+        seq.kv = None
+
+    def backend(self, seqs, new_tokens):
+        raise RuntimeError("the simulator prices steps with the cost model; it never runs attention")
 
 
 # ---------------------------------------------------------------- the event loop
@@ -224,64 +158,105 @@ class SimResult:
         return self.wasted_seat_steps / self.decode_seat_steps if self.decode_seat_steps else 0.0
 
 
-def _run(plan: Plan, now: float, model: CostModel) -> np.ndarray:
-    """Prices a plan, advances the requests in it, and returns the end time of each of its forwards."""
-    reqs = [w.request for w in plan.work]
-    if plan.steps == 1:
-        times = np.array([model.forward([w.new_tokens for w in plan.work], [r.cached for r in reqs]).step_time_s])
-    else:
-        if any(w.new_tokens != 1 for w in plan.work):
-            raise ValueError("a multi-step plan must be pure decode (new_tokens == 1 for every item)")
-        times = model.decode_run_times([r.cached for r in reqs], plan.steps)
-    ends = now + np.cumsum(times)
-    for w in plan.work:
-        r = w.request
-        if r.timeline.scheduled is None:
-            r.timeline.scheduled = now
-        r.cached += w.new_tokens + plan.steps - 1
-        if w.emits:
-            r.timeline.token_times.extend(ends.tolist())
-            if r.generated > r.output_len:
-                raise RuntimeError(f"scheduler overran request {r.id}: {r.generated} > {r.output_len} tokens")
-    return ends
+class _Loop:
+    """State of one simulation: the engine's scheduler, the clock, and the simulated model."""
+
+    def __init__(self, requests, policy, model, max_num_seqs, max_num_batched_tokens):
+        self.pending = sorted(requests, key=lambda r: r.arrival)
+        self.policy, self.model = policy, model
+        self.scheduler = Scheduler(UnlimitedKV(), EOS, max_num_seqs, max_num_batched_tokens, policy)
+        self.by_seq: dict[int, SimRequest] = {}
+        self.next, self.now, self.busy, self.seats, self.wasted = 0, 0.0, 0.0, 0, 0
+
+    def admit_arrivals(self) -> None:
+        while self.next < len(self.pending) and self.pending[self.next].arrival <= self.now:
+            r = self.pending[self.next]
+            r.seq = Sequence([OTHER] * r.prompt_len, SamplingParams(max_tokens=NO_LIMIT), r.id, r.arrival)
+            self.by_seq[r.seq.seq_id] = r
+            self.scheduler.add(r.seq)
+            self.next += 1
+
+    def next_arrival(self) -> float:
+        return self.pending[self.next].arrival if self.next < len(self.pending) else math.inf
+
+    def step_times(self, batch: ScheduledBatch, padding, steps: int) -> np.ndarray:
+        """What ``steps`` forwards of this batch (plus padded seats) cost; steps > 1 only for pure decode."""
+        contexts = [s.num_cached_tokens for s in batch.seqs] + [self.by_seq[s.seq_id].cached for s in padding]
+        if steps == 1:
+            new = batch.num_new_tokens + [1] * len(padding)
+            return np.array([self.model.forward(new, contexts).step_time_s])
+        if hasattr(self.model, "decode_run_times"):
+            return np.asarray(self.model.decode_run_times(contexts, steps))
+        return np.array([self.model.forward([1] * len(contexts), [c + j for c in contexts]).step_time_s
+                         for j in range(steps)])
+
+    def run(self, batch: ScheduledBatch, steady: bool) -> None:
+        """Price the batch, then feed the scheduler one simulated token per sequence per step.
+
+        In a steady stretch (the same decode batch as the step before, nothing admitted), nothing can
+        change the batch until a request finishes or a new one arrives, so that many steps are priced
+        in one call and the scheduler's schedule() is skipped for them; postprocess() still runs per step.
+        """
+        padding = getattr(self.policy, "padding", lambda: [])()
+        decode_only = all(n == 1 for n in batch.num_new_tokens)
+        reqs = [self.by_seq[s.seq_id] for s in batch.seqs]
+        steps = min(r.output_len - r.generated for r in reqs) if steady else 1
+        ends = self.now + np.cumsum(self.step_times(batch, padding, steps))
+        cut = int(np.searchsorted(ends, self.next_arrival()))  # the step during which the next arrival comes
+        ends = ends[: min(steps, cut + 1)]
+        for end in ends.tolist():
+            tokens = [EOS if r.generated + 1 == r.output_len else OTHER for r in reqs]
+            self.scheduler.postprocess(batch, tokens)
+            batch = ScheduledBatch(batch.seqs, [1] * len(batch.seqs))  # after its first step, every seq decodes
+            for r in reqs:
+                if r.timeline.scheduled is None:
+                    r.timeline.scheduled = self.now
+                r.cached = r.seq.num_cached_tokens
+                r.timeline.record_token(end)
+            for s in padding:
+                self.by_seq[s.seq_id].cached += 1
+        if decode_only:
+            self.seats += (len(reqs) + len(padding)) * len(ends)
+            self.wasted += len(padding) * len(ends)
+        self.busy += float(ends[-1]) - self.now
+        self.now = float(ends[-1])
 
 
-def simulate(requests: Sequence[SimRequest], scheduler: Scheduler, model: CostModel) -> SimResult:
-    """Serves ``requests`` (fresh ones: their state is filled in) with ``scheduler`` on ``model``'s clock."""
-    pending = sorted(requests, key=lambda r: r.arrival)
-    i, now, busy, seats, wasted = 0, 0.0, 0.0, 0, 0
+def simulate(requests: Seq[SimRequest], policy, model, max_num_seqs: int = 256,
+             max_num_batched_tokens: int = NO_LIMIT) -> SimResult:
+    """Serves ``requests`` (fresh ones: their state is filled in) with the engine's scheduler running
+    ``policy``, on ``model``'s clock.  ``max_num_seqs`` caps the batch unless the policy brings its own."""
+    loop = _Loop(requests, policy, model, max_num_seqs, max_num_batched_tokens)
+    previous = None
     while True:
-        while i < len(pending) and pending[i].arrival <= now:
-            scheduler.add(pending[i], now)
-            i += 1
-        decision = scheduler.plan(now)
-        if isinstance(decision, Plan):
-            ends = _run(decision, now, model)
-            busy += ends[-1] - now
-            now = float(ends[-1])
-            if all(w.new_tokens == 1 for w in decision.work):
-                seats += len(decision.work) * decision.steps
-                wasted += sum(not w.emits for w in decision.work) * decision.steps
+        loop.admit_arrivals()
+        batch = loop.scheduler.schedule(loop.now)
+        if batch.seqs:
+            steady = previous == [s.seq_id for s in batch.seqs] and all(n == 1 for n in batch.num_new_tokens)
+            previous = [s.seq_id for s in batch.seqs]
+            loop.run(batch, steady)
             continue
-        wake = math.inf if decision is None else decision
-        if wake <= now:
-            raise RuntimeError(f"scheduler asked to be woken at {wake}, which is not after now={now}")
-        now = min(wake, pending[i].arrival if i < len(pending) else math.inf)
-        if now == math.inf:
+        previous = None
+        wake = getattr(policy, "wake_time", lambda waiting: None)(tuple(loop.scheduler.waiting))
+        wake = math.inf if wake is None else wake
+        if wake <= loop.now:
+            raise RuntimeError(f"the policy asked to be woken at {wake}, which is not after now={loop.now}")
+        loop.now = min(wake, loop.next_arrival())
+        if loop.now == math.inf:
             break
-    stuck = [r.id for r in pending if not r.done]
+    stuck = [r.id for r in loop.pending if not r.done]
     if stuck:
-        raise RuntimeError(f"scheduler went idle with unfinished requests {stuck[:5]}")
-    return SimResult(pending, busy, seats, wasted)
+        raise RuntimeError(f"the policy went idle with unfinished requests {stuck[:5]}")
+    return SimResult(loop.pending, loop.busy, loop.seats, loop.wasted)
 
 
-def sweep(rates: Sequence[float], make_scheduler: Callable[[], Scheduler], model: CostModel, *,
+def sweep(rates: Seq[float], make_policy: Callable[[], object], model, *,
           n_requests: int = 300, seed: int = 0, slo: SLO = SLO(), **workload) -> list[dict]:
     """One row of metrics per arrival rate: throughput, goodput, SLO attainment, TTFT/TPOT/E2E percentiles,
     utilisation and seat waste.  The same seeded requests are replayed at every rate."""
     rows = []
     for rate in rates:
-        result = simulate(chat_workload(n_requests, rate, seed, **workload), make_scheduler(), model)
+        result = simulate(chat_workload(n_requests, rate, seed, **workload), make_policy(), model)
         rows.append({"rate": rate, **summarize(result.timelines, slo),
                      "utilization": result.utilization, "seat_waste": result.seat_waste})
     return rows

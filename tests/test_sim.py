@@ -1,11 +1,12 @@
-"""Workloads, the event loop, the two baseline policies, and the seed's queueing experiment.
+"""Workloads, the event loop driving the engine's scheduler, the two baseline policies, and the queueing experiment.
 
-"seed 003" is /work/shared/seeds/003_158131a4fa278c76.txt (CS349D lecture 1 notes), §4.5 and
-exercises 4 and 5: Llama-3-8B on one H100 (the paper GPU's default conventions), chat requests with
-lognormal prompt/output lengths of means 512/256 arriving as a Poisson process, SLO TTFT <= 1 s and
-TPOT <= 50 ms.  The seed's own sample of requests is not available, so its figures that depend on
-the sample (P99s, exact goodputs) are checked for their shape and rough size, not to 1%; the figures
-that follow from the cost model (the throughput ceiling, its price) are checked to 1%.
+The experiment is the worked example of Stanford CS349D "AI Inference Infrastructure" (Spring 2026),
+lecture 1 "Introduction", as this course retells it in lecture 03 (miniengine/README.md, "Cost model"):
+Llama-3-8B on one H100 (the paper GPU's default conventions), chat requests with lognormal
+prompt/output lengths of means 512/256 arriving as a Poisson process, SLO TTFT <= 1 s and
+TPOT <= 50 ms.  The worked example's own sample of requests is not published, so its figures that
+depend on the sample (P99s, exact goodputs) are checked for their shape and rough size, not to 1%;
+the figures that follow from the cost model (the throughput ceiling, its price) are checked to 1%.
 """
 import functools
 import math
@@ -16,7 +17,8 @@ import pytest
 from miniengine import metrics, sim
 from miniengine.metrics import SLO
 from miniengine.roofline import GPUS, CostModel, llama3_8b
-from miniengine.sim import FCFS, Plan, Scheduler, SimRequest, StaticBatching, Work
+from miniengine.engine import FCFSPolicy
+from miniengine.sim import FCFS, SimRequest, StaticBatching
 
 H100_8B = CostModel(llama3_8b(), GPUS["H100"])
 CHAT_SLO = SLO(ttft_s=1.0, tpot_s=0.05)
@@ -26,7 +28,7 @@ CHAT_SLO = SLO(ttft_s=1.0, tpot_s=0.05)
 
 
 def test_lognormal_lengths_have_the_requested_mean():
-    # The seed's chat workload: lognormal lengths with *means* 512 and 256.  With sigma = 1 the
+    # The worked example's chat workload: lognormal lengths with *means* 512 and 256.  With sigma = 1 the
     # median is mean * exp(-1/2), about 0.61 of the mean.
     rng = np.random.default_rng(123)
     for mean in (512, 256):
@@ -63,7 +65,7 @@ def test_workload_rejects_bad_arguments(kwargs):
 
 
 def test_one_request_is_one_prefill_then_lo_minus_1_decodes():
-    # seed 003 §2.3: the prefill produces token 1; then L_o - 1 decode steps, each reading the growing cache.
+    # the CS349D lecture 1 worked example: the prefill produces token 1; then L_o - 1 decode steps, each reading the growing cache.
     r = SimRequest(0, arrival=2.0, prompt_len=100, output_len=5)
     sim.simulate([r], FCFS(), H100_8B)
     prefill = H100_8B.prefill(1, 100).step_time_s
@@ -74,7 +76,7 @@ def test_one_request_is_one_prefill_then_lo_minus_1_decodes():
 
 
 def test_a_2048_token_answer_takes_over_12_seconds():
-    # seed 003 §4.1 (demo 1, idle system): generating 2048 tokens takes more than 12 s, whatever the prefill.
+    # the CS349D lecture 1 worked example (demo 1, idle system): generating 2048 tokens takes more than 12 s, whatever the prefill.
     r = SimRequest(0, 0.0, prompt_len=512, output_len=2048)
     sim.simulate([r], FCFS(), H100_8B)
     assert 12.0 < metrics.e2e(r.timeline) < 13.0
@@ -82,7 +84,7 @@ def test_a_2048_token_answer_takes_over_12_seconds():
 
 
 def test_mean_request_holds_the_gpu_about_1_6_s():
-    # seed 003 §4.5 item 1: an average request (512 in, 256 out) occupies the GPU about 1.6 s, so a
+    # the CS349D lecture 1 worked example: an average request (512 in, 256 out) occupies the GPU about 1.6 s, so a
     # batch-1 server handles about 0.6 requests/s.
     r = SimRequest(0, 0.0, prompt_len=512, output_len=256)
     sim.simulate([r], FCFS(), H100_8B)
@@ -141,43 +143,41 @@ def test_not_padding_finished_requests_makes_steps_cheaper():
     assert run(pad=False) < run(pad=True)
 
 
-class ContinuousBatching(Scheduler):
-    """Test-only sketch: re-plan every step, admit waiting requests at once (their prefill rides along
-    with the running decodes), and let finished ones leave.  It needs nothing new from the simulator."""
-
-    def __init__(self):
-        super().__init__()
-        self.running = []
-
-    def plan(self, now):
-        self.running = [r for r in self.running if not r.done]
-        work = [Work(r, 1) for r in self.running]
-        while self.waiting:
-            r = self.waiting.popleft()
-            self.running.append(r)
-            work.append(Work(r, r.prompt_len))
-        return Plan(work) if work else None
-
-
-def test_the_scheduler_seam_admits_continuous_batching():
+def test_the_engines_policy_object_runs_continuous_batching_on_the_simulated_clock():
+    """FCFSPolicy with many seats is continuous batching: the very object LLM(scheduling_policy=...) runs."""
     reqs = sim.chat_workload(60, rate=4.0, seed=3)
-    res = sim.simulate(reqs, ContinuousBatching(), H100_8B)
+    res = sim.simulate(reqs, FCFSPolicy(), H100_8B, max_num_seqs=64)
     assert all(r.generated == r.output_len for r in reqs)
     static = sim.simulate(sim.chat_workload(60, rate=4.0, seed=3), StaticBatching(32), H100_8B)
     assert metrics.summarize(res.timelines)["ttft_p50_s"] < metrics.summarize(static.timelines)["ttft_p50_s"]
     assert res.seat_waste == 0.0
 
 
-def test_a_stalled_scheduler_is_reported():
-    class Lazy(Scheduler):
-        def plan(self, now):
-            return None
+def test_the_scheduler_learns_a_request_is_done_only_when_it_ends():
+    """Policies see engine Sequences with no output length: max_tokens is unbounded, end-of-text stops them."""
+    seen = []
+
+    class Spy(FCFSPolicy):
+        def admit(self, waiting, running, budget):
+            seen.extend(s for s in waiting if not hasattr(s, "output_len"))
+            return super().admit(waiting, running, budget)
+
+    reqs = [SimRequest(0, 0.0, 10, 7)]
+    sim.simulate(reqs, Spy(), H100_8B)
+    assert seen and seen[0].params.max_tokens >= 1 << 40 and seen[0].finish_reason == "stop"
+    assert len(seen[0].output_token_ids) == 7
+
+
+def test_a_stalled_policy_is_reported():
+    class Lazy:
+        def admit(self, waiting, running, budget):
+            return []
 
     with pytest.raises(RuntimeError, match="unfinished"):
         sim.simulate([SimRequest(0, 0.0, 5, 5)], Lazy(), H100_8B)
 
 
-# ---------------------------------------------------------------- the seed's queueing experiment (§4.5)
+# ---------------------------------------------------------------- the queueing experiment (CS349D lecture 1)
 
 RATES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 2.0)
 
@@ -201,17 +201,17 @@ def test_sweep_returns_one_row_per_rate():
 
 def test_batch1_throughput_ceiling_and_its_price():
     overloaded = report(run("fcfs", 2.0))
-    # seed 003 §4.5 item 1: the ceiling is only about 160 tokens/s ...
+    # the CS349D lecture 1 worked example: the ceiling is only about 160 tokens/s ...
     assert round(overloaded["throughput_tok_s"], -1) == 160
-    # ... which at $3/hour for the H100 is $5.14 per million output tokens (seed 003 §1.3 and §4.2).
+    # ... which at $3/hour for the H100 is $5.14 per million output tokens (the CS349D lecture 1 worked example).
     assert metrics.cost_per_million_tokens(3.0, overloaded["throughput_tok_s"]) == pytest.approx(5.14, rel=0.01)
     assert 0.55 < overloaded["throughput_req_s"] < 0.7  # about 0.6 requests/s
     assert run("fcfs", 2.0).utilization == pytest.approx(1.0, abs=0.01)
 
 
 def test_batch1_tail_latency_at_low_utilization():
-    # seed 003 §4.5 item 2: at about 36% utilization the median TTFT is just the prefill, yet the P99
-    # is several seconds (9 s in the seed's sample): long outputs block the queue.
+    # the CS349D lecture 1 worked example: at about 36% utilization the median TTFT is just the prefill, yet the P99
+    # is several seconds (9 s in the worked example's sample): long outputs block the queue.
     rate = min(RATES, key=lambda r: abs(run("fcfs", r).utilization - 0.36))
     row = report(run("fcfs", rate))
     assert row["ttft_p50_s"] < 0.05
@@ -225,7 +225,7 @@ def test_batch1_queueing_is_a_hockey_stick():
 
 
 def test_batch1_goodput_rises_then_collapses():
-    # seed 003 §4.5 item 3: goodput first rises a little, then falls fast to ~0; at saturation the
+    # the CS349D lecture 1 worked example: goodput first rises a little, then falls fast to ~0; at saturation the
     # GPU is 100% busy and almost no request is "good".
     good = [report(run("fcfs", r))["goodput_req_s"] for r in RATES]
     peak = int(np.argmax(good))
@@ -235,8 +235,8 @@ def test_batch1_goodput_rises_then_collapses():
 
 
 def test_static_batching_raises_throughput_not_goodput():
-    # seed 003 §4.5 policy 2: overloaded, static batches of 8 / 32 / 128 give several times the
-    # batch-1 throughput (3 / 6 / 9 x in the seed's sample) while seats are mostly wasted ...
+    # the CS349D lecture 1 worked example policy 2: overloaded, static batches of 8 / 32 / 128 give several times the
+    # batch-1 throughput (3 / 6 / 9 x in the worked example's sample) while seats are mostly wasted ...
     base = report(run("fcfs", 2.0))["throughput_tok_s"]
     tput = {b: report(run("static", 16.0, b))["throughput_tok_s"] for b in (8, 32, 128)}
     assert 2 * base < tput[8] < tput[32] < tput[128]
@@ -245,7 +245,7 @@ def test_static_batching_raises_throughput_not_goodput():
     # ... at 1 request/s the median TTFT already exceeds 1.5 s and only about 30% meet the SLO ...
     at1 = report(run("static", 1.0, 32))
     assert at1["ttft_p50_s"] > 1.5 and 0.25 < at1["slo_attainment"] < 0.45
-    # ... and the best goodput is only about twice batch-1's (0.34 vs 0.16 in the seed), a far
+    # ... and the best goodput is only about twice batch-1's (0.34 vs 0.16 in the worked example), a far
     # smaller gain than the throughput's.
     best = lambda policy: max(report(run(policy, r))["goodput_req_s"] for r in RATES)
     gain = best("static") / best("fcfs")
@@ -254,9 +254,9 @@ def test_static_batching_raises_throughput_not_goodput():
 
 
 def test_exercise4_a_looser_slo_favours_static_batching():
-    # seed 003 exercise 4(b), DistServe's goodput (highest rate with >= 90% attainment): with TTFT <= 1 s
+    # CS349D lecture 1, exercise 4(b), DistServe's goodput (highest rate with >= 90% attainment): with TTFT <= 1 s
     # both policies sustain only about 0.1 requests/s; with TTFT <= 5 s static B = 32 sustains about
-    # 3x batch-1 (0.8 vs 0.25 in the seed).
+    # 3x batch-1 (0.8 vs 0.25 in the worked example).
     def sustained(policy, slo):
         return metrics.max_rate_meeting_slo(RATES, [metrics.slo_attainment(run(policy, r).timelines, slo)
                                                     for r in RATES])
@@ -267,8 +267,8 @@ def test_exercise4_a_looser_slo_favours_static_batching():
 
 
 def test_exercise5_stopping_the_padding_is_not_enough():
-    # seed 003 exercise 5, overloaded (16 requests/s): computing only unfinished requests raises the
-    # throughput (+21% at B = 32, +67% at B = 128 in the seed), more for the bigger batch, yet goodput
+    # CS349D lecture 1, exercise 5, overloaded (16 requests/s): computing only unfinished requests raises the
+    # throughput (+21% at B = 32, +67% at B = 128 in the worked example), more for the bigger batch, yet goodput
     # stays near zero: the cost of wasted seats is that they cannot go to waiting requests.
     gain = {b: report(run("static", 16.0, b, pad=False))["throughput_tok_s"]
             / report(run("static", 16.0, b))["throughput_tok_s"] for b in (32, 128)}

@@ -7,8 +7,8 @@ sequence.py (a request's state), policy.py (who joins a step), scheduler.py
 llm_engine.py (the loop).
 """
 from .llm_engine import LLMEngine
-from .policy import Budget, FCFSPolicy
+from .policy import Budget, FCFSPolicy, StaticBatching
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence, SequenceStatus
 
-__all__ = ["LLMEngine", "Budget", "FCFSPolicy", "ScheduledBatch", "Scheduler", "Sequence", "SequenceStatus"]
+__all__ = ["LLMEngine", "Budget", "FCFSPolicy", "StaticBatching", "ScheduledBatch", "Scheduler", "Sequence", "SequenceStatus"]

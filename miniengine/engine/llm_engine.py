@@ -11,6 +11,8 @@ being served.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..config import EngineConfig
@@ -47,12 +49,12 @@ class LLMEngine:
         self.requests: dict = {}  # request_id -> Sequence, finished ones included until collected
 
     def add_request(self, prompt_token_ids, params: SamplingParams | None = None, request_id=None,
-                    arrival_time: float = 0.0) -> Sequence:
+                    arrival_time: float | None = None) -> Sequence:
         params = SamplingParams() if params is None else params
         ids = self.check_request(prompt_token_ids, params)
         if request_id is not None and request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        seq = Sequence(ids, params, request_id, arrival_time)
+        seq = Sequence(ids, params, request_id, time.perf_counter() if arrival_time is None else arrival_time)
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -81,9 +83,13 @@ class LLMEngine:
 
     def step(self) -> list[Sequence]:
         """One forward pass over this step's batch; returns the sequences that got a token (finished ones too)."""
-        batch = self.scheduler.schedule()
+        now = time.perf_counter()
+        batch = self.scheduler.schedule(now)
         if not batch.seqs:
-            if self.scheduler.has_unfinished():
+            wake = getattr(self.scheduler.policy, "wake_time", lambda waiting: None)(tuple(self.scheduler.waiting))
+            if wake is not None and wake > now:  # the policy holds requests back on purpose (a batching timeout)
+                time.sleep(wake - now)
+            elif self.scheduler.has_unfinished():
                 raise RuntimeError(f"the scheduling policy admitted no request while none is running, with "
                                    f"{len(self.scheduler.waiting)} waiting: the engine would stall")
             return []

@@ -38,8 +38,11 @@ def stop_reason(seq: Sequence, token_id: int, eos_token_id: int) -> str | None:
 class Scheduler:
     def __init__(self, kv, eos_token_id: int, max_num_seqs: int, max_num_batched_tokens: int, policy=None):
         self.kv, self.eos_token_id = kv, eos_token_id
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.policy = policy if policy is not None else FCFSPolicy()
+        # A policy may bring its own batch limit (batch-1 FCFS, a static batch size) within the engine's.
+        own = getattr(self.policy, "max_num_seqs", None)
+        self.max_num_seqs = min(max_num_seqs, own) if own else max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -59,11 +62,11 @@ class Scheduler:
                     return seq
         return None
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, now: float = 0.0) -> ScheduledBatch:
         decodes = self.running[: self.max_num_seqs]
         budget = Budget(max_seqs=self.max_num_seqs - len(decodes),
                         max_tokens=self.max_num_batched_tokens - len(decodes),
-                        can_allocate=self.kv.can_allocate)
+                        can_allocate=self.kv.can_allocate, now=now)
         admitted = list(self.policy.admit(tuple(self.waiting), tuple(decodes), budget))
         self._check(admitted, budget)
         prefills = []
