@@ -79,7 +79,8 @@ def cmd_verify(args) -> int:
 def cmd_regress(args) -> int:
     from . import regress
 
-    return regress.regress(args.notebooks, workers=args.workers, timeout=args.timeout, out=Path(args.out) if args.out else None)
+    return regress.regress(args.notebooks, workers=args.workers, timeout=args.timeout, out=Path(args.out) if args.out else None,
+                           device=args.device)
 
 
 def cmd_bench(args) -> int:
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--workers", type=_positive(int), default=1)
     rg.add_argument("--timeout", type=_positive(int), default=300, help="seconds per cell (default 300)")
     rg.add_argument("--out", help="folder for the executed notebooks and summary (default build/regress)")
+    rg.add_argument("--device", default="cpu", help="the notebooks' DEVICE parameter: cpu (default) or cuda")
     rg.set_defaults(func=cmd_regress)
 
     b = sub.add_parser("bench", help="time one grade, a folder of copies with workers, and regress of lecture 01 + lab 01")

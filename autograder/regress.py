@@ -42,7 +42,7 @@ def _output_for(nb: Path, out: Path) -> Path:
         return out / nb.name
 
 
-def run_one(nb: Path, output: Path, timeout: int) -> dict:
+def run_one(nb: Path, output: Path, timeout: int, device: str = "cpu") -> dict:
     """Execute one notebook; never raises, so one failure cannot stop the others."""
     import papermill as pm
 
@@ -50,7 +50,7 @@ def run_one(nb: Path, output: Path, timeout: int) -> dict:
     start = time.monotonic()
     status, message = "passed", ""
     try:
-        pm.execute_notebook(str(nb), str(output), parameters={"FAST": True}, kernel_name="python3",
+        pm.execute_notebook(str(nb), str(output), parameters={"FAST": True, "DEVICE": device}, kernel_name="python3",
                             cwd=str(nb.parent), progress_bar=False, execution_timeout=timeout,
                             extra_arguments=["--IPKernelApp.log_level=ERROR"])  # quiet the kernel's TCP warning
     except pm.PapermillExecutionError as e:
@@ -76,15 +76,15 @@ def summary_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def regress(selected=None, workers: int = 1, timeout: int = 300, out: Path | None = None) -> int:
+def regress(selected=None, workers: int = 1, timeout: int = 300, out: Path | None = None, device: str = "cpu") -> int:
     environment.prepare(workers)
     out = Path(out) if out else layout.BUILD / "regress"
     found = notebooks(selected)
     if not found:
         raise layout.LabError("no notebooks found under lectures/ or labs/")
-    print(f"running {len(found)} notebook{'s' * (len(found) != 1)} with papermill (FAST=True, {workers} at a time)", flush=True)
+    print(f"running {len(found)} notebook{'s' * (len(found) != 1)} with papermill (FAST=True, DEVICE={device!r}, {workers} at a time)", flush=True)
     start = time.monotonic()
-    jobs = [(nb, _output_for(nb, out), timeout) for nb in found]
+    jobs = [(nb, _output_for(nb, out), timeout, device) for nb in found]
     if workers == 1:
         rows = []
         for job in jobs:

@@ -1,0 +1,85 @@
+"""``make gpu-check``: everything that needs a CUDA GPU, in one run, with one summary at the end.
+
+    python -m miniengine.gpu_check [--skip-notebooks] [--skip-bench]
+
+1. Golden cases on CUDA: every visible and hidden case through ``LLM(device="cuda")`` in float32
+   with TF32 off, at batch limits 1 and 64, and through the float64 reference for a sample.
+2. ``bench batch --device cuda``: this engine against HF ``generate`` at batches 1, 4, 16, 64.
+3. Every notebook top to bottom with ``DEVICE="cuda"`` and ``FAST=True`` (papermill).
+
+On a machine without CUDA it says so and exits 0: the course's own tests never need a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+from .paths import GOLDEN, REPO_ROOT
+
+
+def golden_on_cuda() -> list[str]:
+    from .llm import LLM
+    from .model import load_model
+    from .paths import TARGET
+    from .reference import naive_generate
+    from .sampling import SamplingParams
+
+    cases = json.loads((GOLDEN / "visible.json").read_text())["cases"]
+    hidden = REPO_ROOT / "autograder" / "hidden" / "golden.json"
+    if hidden.exists():
+        cases += json.loads(hidden.read_text())["cases"]
+    lines = []
+    for seqs in (1, 64):
+        llm = LLM(device="cuda", max_num_seqs=seqs)
+        outs = llm.generate([c["prompt_token_ids"] for c in cases], [SamplingParams(**c["params"]) for c in cases])
+        bad = [c["name"] for c, o in zip(cases, outs) if o.token_ids != c["token_ids"]]
+        lines.append(f"engine, cuda float32, max_num_seqs={seqs}: {len(cases) - len(bad)}/{len(cases)} golden cases exact"
+                     + (f"; FAILED: {bad[:5]}" if bad else ""))
+    model = load_model(TARGET, dtype=torch.float64, device="cuda")
+    sample = cases[::8]
+    ref = naive_generate(model, [c["prompt_token_ids"] for c in sample], [SamplingParams(**c["params"]) for c in sample])
+    bad = [c["name"] for c, r in zip(sample, ref) if r.token_ids != c["token_ids"]]
+    lines.append(f"reference, cuda float64: {len(sample) - len(bad)}/{len(sample)} golden cases exact"
+                 + (f"; FAILED: {bad}" if bad else ""))
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m miniengine.gpu_check")
+    p.add_argument("--skip-notebooks", action="store_true")
+    p.add_argument("--skip-bench", action="store_true")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA device on this machine; nothing to check here (run it where a GPU is).")
+        return 0
+    torch.backends.cuda.matmul.allow_tf32 = False  # exactness checks run in true float32
+    torch.backends.cudnn.allow_tf32 = False
+    summary, failed = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}"], False
+    t0 = time.monotonic()
+    for line in golden_on_cuda():
+        summary.append(line)
+        failed |= "FAILED" in line
+    if not args.skip_bench:
+        r = subprocess.run([sys.executable, "-m", "miniengine", "bench", "batch", "--device", "cuda"],
+                           capture_output=True, text=True, cwd=REPO_ROOT)
+        print(r.stdout + r.stderr)
+        summary += [ln for ln in r.stdout.splitlines() if ln.startswith(("batch 16", "ours / HF"))] or [f"bench failed: {r.stderr[-300:]}"]
+        failed |= r.returncode != 0
+    if not args.skip_notebooks:
+        r = subprocess.run([sys.executable, "-m", "autograder", "regress", "--device", "cuda"], capture_output=True,
+                           text=True, cwd=REPO_ROOT)
+        print(r.stdout[-4000:] + r.stderr[-2000:])
+        summary += [ln for ln in r.stdout.splitlines() if ln.startswith("|") or "notebooks passed" in ln]
+        failed |= r.returncode != 0
+    print(f"\n== gpu-check summary ({time.monotonic() - t0:.0f} s) ==")
+    print("\n".join(summary))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
