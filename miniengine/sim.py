@@ -112,6 +112,31 @@ def chat_workload(n: int, rate: float, seed: int = 0, prompt_mean: float = 512, 
     return [SimRequest(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
 
 
+class CostModelFromFunctions:
+    """The cost-model plug point built from Lab 03's three functions.
+
+        forward_flops(config, new_tokens, context) -> FLOPs
+        forward_bytes(config, new_tokens, context) -> bytes moved
+        step_time(flops, bytes_moved, gpu) -> seconds
+
+    The simulator only ever asks a cost model ``forward(new_tokens, context).step_time_s``.
+    """
+
+    def __init__(self, config, gpu, forward_flops, forward_bytes, step_time):
+        self.config, self.gpu = config, gpu
+        self.forward_flops, self.forward_bytes, self.step_time = forward_flops, forward_bytes, step_time
+
+    def forward(self, new_tokens, context):
+        flops = self.forward_flops(self.config, list(new_tokens), list(context))
+        moved = self.forward_bytes(self.config, list(new_tokens), list(context))
+        return _Priced(float(self.step_time(flops, moved, self.gpu)))
+
+
+@dataclasses.dataclass
+class _Priced:
+    step_time_s: float
+
+
 def FCFS() -> FCFSPolicy:
     """Batch size 1, first come first served: the baseline that leaves the GPU 99% idle."""
     return FCFSPolicy(max_num_seqs=1)

@@ -274,3 +274,19 @@ def test_exercise5_stopping_the_padding_is_not_enough():
             / report(run("static", 16.0, b))["throughput_tok_s"] for b in (32, 128)}
     assert 1.1 < gain[32] < gain[128]
     assert report(run("static", 16.0, 128, pad=False))["goodput_req_s"] < 0.2
+
+
+def test_a_cost_model_built_from_three_functions_prices_the_same_timeline():
+    """Lab 03's plug: forward_flops, forward_bytes and step_time make a cost model the simulator runs on."""
+    from miniengine import roofline
+
+    cfg, gpu = llama3_8b(), GPUS["H100"]
+    plug = sim.CostModelFromFunctions(
+        cfg, gpu,
+        lambda c, n, ctx: roofline.forward_cost(c, n, ctx).flops,
+        lambda c, n, ctx: roofline.forward_cost(c, n, ctx).bytes,
+        lambda f, b, g: max(f / (0.7 * g.peak_flops), b / (0.8 * g.bandwidth)) + 5e-4)
+    a = sim.simulate(sim.chat_workload(40, 2.0, seed=1), FCFSPolicy(), plug, max_num_seqs=8)
+    b = sim.simulate(sim.chat_workload(40, 2.0, seed=1), FCFSPolicy(), H100_8B, max_num_seqs=8)
+    for x, y in zip(a.timelines, b.timelines):
+        assert x.token_times == pytest.approx(y.token_times, rel=1e-9)
