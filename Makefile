@@ -14,10 +14,10 @@ export JUPYTER_RUNTIME_DIR := $(CURDIR)/$(VENV)/home/jupyter-runtime
 export IPYTHONDIR := $(CURDIR)/$(VENV)/home/ipython
 export MPLCONFIGDIR := $(CURDIR)/$(VENV)/home/matplotlib
 export JUPYTER_PLATFORM_DIRS := 1
-# The venv's bin/ on PATH: nbgrader shells out to alembic (DESIGN.md section 5, fact 2).
+# The venv's bin/ on PATH: nbgrader shells out to alembic (autograder/README.md, nbgrader fact 2).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup lab test regress release bench clean
+.PHONY: setup lab test regress release bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[lab,grading,test,hf]'
-	@# Without JupyterHub, nbgrader's exchange-based extensions only show errors (DESIGN.md section 5, fact 8).
+	@# Without JupyterHub, nbgrader's exchange-based extensions only show errors (autograder/README.md, nbgrader fact 8).
 	$(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.assignment_list nbgrader.server_extensions.course_list >/dev/null 2>&1
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader:assignment-list @jupyter/nbgrader:course-list >/dev/null 2>&1
 	touch $(STAMP)
@@ -46,6 +46,12 @@ release: setup
 
 bench: setup
 	$(PY) -m miniengine bench decode
+	$(PY) -m miniengine bench batch
+
+# Golden cases on CUDA, bench batch on CUDA, every notebook with DEVICE="cuda"; one summary. Needs a GPU.
+# It uses .venv when there is one, else the machine's own python (a GPU box with its CUDA torch).
+gpu-check:
+	PYTHONPATH=$(CURDIR) $$( [ -x $(PY) ] && echo $(PY) || echo $(PYTHON) ) -m miniengine.gpu_check
 
 clean:
 	rm -rf $(VENV) course student build

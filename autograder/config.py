@@ -1,7 +1,7 @@
 """The nbgrader configuration, built in code.
 
-nbgrader reads nbgrader_config.py only from the current directory (DESIGN.md
-section 5, fact 1): run it anywhere else and it silently makes an empty
+nbgrader reads nbgrader_config.py only from the current directory (autograder/README.md,
+nbgrader fact 1): run it anywhere else and it silently makes an empty
 gradebook.  So every verb passes this Config object explicitly, and
 ``release`` also writes course/nbgrader_config.py, which imports it, for
 instructors who run nbgrader or its formgrader by hand from course/.

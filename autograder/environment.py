@@ -16,7 +16,7 @@ def prepare(workers: int = 1) -> None:
     * Jupyter, IPython and matplotlib write their state under the environment,
       not the user's home directory (the Makefile sets the same variables).
     * The interpreter's bin/ goes first on PATH: nbgrader shells out to
-      ``alembic`` (DESIGN.md section 5, fact 2), and kernels must be this Python.
+      ``alembic`` (autograder/README.md, nbgrader fact 2), and kernels must be this Python.
     * With several kernels at once, each gets one math thread: N kernels with
       N threads each on N cores run many times slower than one thread each.
     """

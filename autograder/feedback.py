@@ -1,7 +1,7 @@
 """``feedback``: nbgrader generate_feedback, with hidden tests removed, and a check that they really are.
 
-nbgrader's feedback shows hidden tests by default (DESIGN.md section 5, fact
-5); the configuration adds ClearHiddenTests.  That clears a hidden test's
+nbgrader's feedback shows hidden tests by default (autograder/README.md, nbgrader
+fact 5); the configuration adds ClearHiddenTests.  That clears a hidden test's
 source, but not its outputs: a failing assert's traceback quotes the hidden
 line, and a student's print inside a graded function would show hidden
 inputs.  ``HideHiddenTestOutputs`` runs first and keeps only the error's one-line

@@ -2,7 +2,7 @@
 
 For every submission:
   1. a notebook that is not valid JSON or not a notebook is reported as ``corrupt
-     notebook`` at once (nbgrader would fail the whole run on it: DESIGN.md section 5, fact 7);
+     notebook`` at once (nbgrader would fail the whole run on it: autograder/README.md, nbgrader fact 7);
   2. a private nbgrader course is made under course/tmp/: a copy of the gradebook
      (holding the lab's test cells, hidden tests included) and the submission;
   3. ``python -m autograder.worker`` runs nbgrader autograde there, with a time
@@ -94,8 +94,8 @@ CHANGED = re.compile(r"Attribute '(\w+)' for cell (\S+) has changed! \(should be
 def notes_from_submission(nb, info: LabInfo) -> list[str]:
     """Test cells whose source differs from the released one (nbgrader restores them before running).
 
-    nbgrader's own checksum warning fires for every cell with hidden tests (DESIGN.md section 5,
-    fact 3), so the comparison is with the released source instead.
+    nbgrader's own checksum warning fires for every cell with hidden tests (autograder/README.md,
+    nbgrader fact 3), so the comparison is with the released source instead.
     """
     notes = []
     for t in results.test_cells(nb):

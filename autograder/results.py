@@ -5,7 +5,7 @@ A test cell's status is one of:
     failed            an assertion failed (the message says which case, step and token)
     error             any other exception, e.g. NameError or NotImplementedError, or the kernel died
     timeout           the cell ran past the per-cell limit, or the whole notebook past the per-student one
-    missing test cell the student deleted it: nbgrader silently gives no points (DESIGN.md section 5, fact 4)
+    missing test cell the student deleted it: nbgrader silently gives no points (autograder/README.md, nbgrader fact 4)
     corrupt notebook  the file is not a readable notebook, so nothing ran
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m miniengine golden            # rewrite data/golden/visible.json and autograder/hidden/golden.json
     python -m miniengine golden --check    # exit 1 if the shipped files differ from a fresh regeneration
 
-Screening (DESIGN.md section 4) keeps near-ties out, so that any correct float32
+Screening (miniengine/README.md, The invariant) keeps near-ties out, so that any correct float32
 implementation matches token for token:
   * greedy: at every step the top-1 and top-2 logits differ by at least GAP;
   * sampled: the top-1 and top-2 Gumbel-perturbed scores differ by at least GAP,

@@ -96,7 +96,10 @@ def queueing_delay(r: RequestTimeline) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class SLO:
-    """A per-request promise: TTFT <= ttft_s and TPOT <= tpot_s (the seed's chat SLO is 1 s and 50 ms)."""
+    """A per-request promise: TTFT <= ttft_s and TPOT <= tpot_s.
+
+    The course's chat SLO is 1 s and 50 ms (miniengine/README.md, Serving metrics).
+    """
 
     ttft_s: float = 1.0
     tpot_s: float = 0.05
@@ -136,7 +139,7 @@ def request_throughput(requests: Sequence[RequestTimeline], span: float | None =
 
 
 def goodput(requests: Sequence[RequestTimeline], slo: SLO, span: float | None = None) -> float:
-    """Requests per second that met the SLO (the seed's code's definition)."""
+    """Requests per second that met the SLO (goodput's first definition in miniengine/README.md, Serving metrics)."""
     return sum(slo.met_by(r) for r in requests) / _span(requests, span)
 
 

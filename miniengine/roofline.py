@@ -1,4 +1,4 @@
-"""The "paper GPU": a roofline cost model of one forward pass (DESIGN.md section 4).
+"""The "paper GPU": a roofline cost model of one forward pass (miniengine/README.md, Cost model).
 
 A GPU is two numbers that matter, a calculator and a pipe: peak FLOP/s and
 memory bandwidth in bytes/s.  A forward pass is two numbers too: the FLOPs it
@@ -8,9 +8,11 @@ does and the bytes it moves.  Whichever takes longer is the bottleneck:
 
 With the course's conventions (70% of peak, 80% of bandwidth, 0.5 ms of fixed
 overhead per forward, decimal GB, 90% of memory usable) this reproduces the
-seed notes' tables for Llama-3-8B on an H100.  Set the efficiencies to 1 and the
-overhead to 0 and you get the ideal textbook figures (kipply's inference
-arithmetic, the JAX scaling book).
+course's worked examples for Llama-3-8B on an H100 (miniengine/README.md, Cost
+model).  Set the efficiencies to 1 and the overhead to 0 and you get the ideal
+textbook figures (kipply's "Transformer Inference Arithmetic",
+https://kipp.ly/transformer-inference-arithmetic/, and the JAX scaling book,
+https://jax-ml.github.io/scaling-book/).
 
 What the model counts, and why:
 - FLOPs are the matmuls: 2 per multiply-add.  Norms, RoPE, softmax and SiLU are
@@ -124,7 +126,7 @@ def get_model_config(name: str) -> LlamaConfig:
 
 
 def param_breakdown(cfg: LlamaConfig) -> dict[str, int]:
-    """Parameters by part, the way the seed's exercise counts them by hand."""
+    """Parameters by part, as the worked example "Model size" (miniengine/README.md) counts them by hand."""
     d, hd, L = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
     parts = {
         "attention_per_layer": 2 * d * cfg.num_attention_heads * hd + 2 * d * cfg.num_key_value_heads * hd,  # q,o; k,v
@@ -263,7 +265,7 @@ class StepEstimate:
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """A model on a GPU, with the course's conventions as defaults (DESIGN.md section 4).
+    """A model on a GPU, with the course's conventions as defaults (miniengine/README.md, Cost model).
 
     compute_eff=1, bandwidth_eff=1, overhead_s=0 gives the ideal roofline of the textbooks.
     """

@@ -1,7 +1,8 @@
 """Serving metrics from timestamps.
 
-Definitions follow seed 003 (/work/shared/seeds/003_158131a4fa278c76.txt) §4.1-§4.4; the
-timelines below are small enough to check by hand.
+Definitions follow miniengine/README.md, section "Serving metrics" (goodput's second definition is
+DistServe's: Zhong et al., OSDI 2024, https://arxiv.org/abs/2401.09670); the timelines below are
+small enough to check by hand.
 """
 import math
 
@@ -24,7 +25,7 @@ def test_latencies_of_one_request():
     assert metrics.itl(r) == pytest.approx([0.1] * 4)
     assert metrics.e2e(r) == pytest.approx(0.9)
     assert metrics.queueing_delay(r) == pytest.approx(0.2)
-    # seed 003 §4.1: E2E = TTFT + (L_o - 1) x TPOT, and TPOT is the mean ITL.
+    # Serving metrics: E2E = TTFT + (L_o - 1) x TPOT, and TPOT is the mean ITL.
     assert metrics.e2e(r) == pytest.approx(metrics.ttft(r) + 4 * metrics.tpot(r))
     assert metrics.tpot(r) == pytest.approx(np.mean(metrics.itl(r)))
 
@@ -47,7 +48,7 @@ def test_one_token_reply_has_no_tpot_and_still_can_meet_the_slo():
 
 
 def test_slo_is_per_request_on_ttft_and_tpot():
-    # seed 003 §4.3: "is this request's TTFT <= 1 s and TPOT <= 50 ms?"
+    # Serving metrics: the SLO is per request: is this request's TTFT <= 1 s and TPOT <= 50 ms?
     slo = SLO(ttft_s=1.0, tpot_s=0.05)
     assert slo.met_by(timeline(0.0, [0.9, 0.94, 0.98]))
     assert not slo.met_by(timeline(0.0, [1.1, 1.12]))  # first token too late
@@ -67,7 +68,7 @@ def test_throughput_goodput_and_attainment():
     assert metrics.throughput(runs) == pytest.approx(14 / span)
     assert metrics.request_throughput(runs) == pytest.approx(4 / span)
     assert metrics.slo_attainment(runs, slo) == pytest.approx(0.5)
-    # seed 003 §4.4 definition 1: requests per second that met the SLO ...
+    # Serving metrics, goodput definition 1: requests per second that met the SLO ...
     assert metrics.goodput(runs, slo) == pytest.approx(2 / span)
     # ... and the tokens of those requests per second.
     assert metrics.goodput_tokens(runs, slo) == pytest.approx(5 / span)
@@ -77,7 +78,7 @@ def test_throughput_goodput_and_attainment():
 
 
 def test_goodput_as_the_highest_rate_meeting_a_target():
-    # seed 003 §4.4 definition 2 (DistServe): the highest arrival rate whose SLO attainment is >= 90%.
+    # Serving metrics, goodput definition 2 (DistServe): the highest arrival rate whose SLO attainment is >= 90%.
     rates = [0.05, 0.1, 0.2, 0.4, 0.8]
     assert metrics.max_rate_meeting_slo(rates, [0.99, 0.95, 0.91, 0.7, 0.95]) == 0.2  # stops at the first miss
     assert metrics.max_rate_meeting_slo(rates, [0.8] * 5) == 0.0
@@ -93,9 +94,10 @@ def test_percentiles_are_numpys():
 
 
 def test_tail_fanout():
-    # seed 003 §4.3 and exercise 6(a): 20 calls, each 1% likely to exceed its P99: 1 - 0.99^20 = 18.2%.
+    # Serving metrics, tail fan-out (Dean and Barroso, "The Tail at Scale", CACM 2013): 20 calls, each 1%
+    # likely to exceed its P99: 1 - 0.99^20 = 18.2%.
     assert metrics.fanout_tail_probability(20, 0.01) == pytest.approx(0.182, rel=0.01)
-    # exercise 6(b): to keep that at 10%, each call may exceed its target with probability 0.525%
+    # To keep that at 10%, each call may exceed its target with probability 0.525%
     # (design each call for about P99.5).
     q = metrics.per_call_tail_budget(20, 0.10)
     assert q == pytest.approx(0.00525, rel=0.01)
@@ -103,8 +105,9 @@ def test_tail_fanout():
 
 
 def test_cost_per_million_tokens():
-    # $3.60/hour is $0.001/s; at 1 token/s a million tokens take 1e6 s.  (The seed's $5.14 for the
-    # batch-1 server is checked against the simulator in test_sim.)
+    # $3.60/hour is $0.001/s; at 1 token/s a million tokens take 1e6 s.  (The batch-1 server's price,
+    # worked example "Serving one at a time" in miniengine/README.md, is checked against the simulator
+    # in test_sim.)
     assert metrics.cost_per_million_tokens(3.6, 1.0) == pytest.approx(1000.0)
     assert metrics.cost_per_million_tokens(3.6, 1000.0) == pytest.approx(1.0)
 

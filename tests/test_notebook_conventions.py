@@ -1,4 +1,4 @@
-"""Every notebook in lectures/ and labs/ follows the conventions of DESIGN.md section 6.
+"""Every notebook in lectures/ and labs/ follows the notebook conventions of autograder/README.md (rules 1-5).
 
 Each rule is its own test, parametrized by notebook, so a failure names both the
 notebook and the rule it breaks.  The notebooks are read as plain JSON: these

@@ -27,7 +27,7 @@ def test_every_notebook_runs(tmp_path):
     for row in rows:  # the executed copies are kept, with outputs
         assert (tmp_path / "build" / "regress" / row["notebook"]).exists()
     assert (tmp_path / "build" / "regress" / "summary.md").read_text().count("| passed |") == len(rows)
-    # DESIGN.md section 6: every notebook runs top to bottom with FAST=True in under a minute on 2 cores.
+    # autograder/README.md, Notebook conventions, rule 7: every notebook runs top to bottom with FAST=True in under a minute on 2 cores.
     slow = [f"{row['notebook']}: {row['seconds']:.1f} s" for row in rows if row["seconds"] >= 60]
     assert not slow, "over the 60 s FAST budget: " + ", ".join(slow)
 

