@@ -77,7 +77,7 @@ def test_budgets_hold_at_every_step(golden):
 
 def torch_sample(logits_row, params, position):
     """A sampler written apart from miniengine.sampling: torch sorting for top-k/top-p, the same keyed noise."""
-    x = logits_row.double()
+    x = torch.as_tensor(logits_row, dtype=torch.float64)  # PerRowSampler hands rows over as numpy float64
     if params.temperature == 0:
         return int(torch.argmax(x))
     x = x / params.temperature

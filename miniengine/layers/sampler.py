@@ -36,11 +36,16 @@ class Sampler:
 
 
 class PerRowSampler:
-    """Adapts ``sample(logits_row, params, position) -> int`` to the batched interface."""
+    """Adapts ``sample(logits_row, params, position) -> int`` to the batched interface.
+
+    Each row reaches ``sample`` as a 1-D numpy float64 array, as in Lab 01.
+    """
 
     def __init__(self, sample):
+        if not callable(sample):
+            raise ValueError(f"PerRowSampler needs a function sample(logits, params, position), got {type(sample).__name__}")
         self.sample = sample
 
     def __call__(self, logits, params, positions) -> list[int]:
-        rows = logits.detach().cpu()
+        rows = logits.detach().double().cpu().numpy()
         return [int(self.sample(rows[i], params[i], positions[i])) for i in range(len(params))]
