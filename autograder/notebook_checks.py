@@ -287,8 +287,8 @@ COURSE_PARTS = {
     "top_k_mask": ("miniengine.sampling", "top_k_mask"),
     "top_p_mask": ("miniengine.sampling", "top_p_mask"),
     "sample": ("miniengine.sampling", "sample_token"),
-    "ContiguousKVCache": ("miniengine.kv_cache", "KVCache"),
-    "CachedAttention": ("miniengine.kv_cache", "CachedBackend"),
+    "ContiguousKVCache": ("miniengine.kv.contiguous", "KVCache"),
+    "CachedAttention": ("miniengine.kv.contiguous", "CachedBackend"),
 }
 
 _live: set = set()  # tokens of the course_parts_under contexts now active; a fresh set whenever this module is reloaded
