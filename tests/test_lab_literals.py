@@ -1,0 +1,51 @@
+"""Expected values typed into lab test cells stay equal to what the course's own implementation computes.
+
+Lab 03's "your engine" tests compare a simulated serving run on the student's cost model with figures pasted
+into the cells (the kernel never computes the expected side, which a student could patch).  Here the same
+runs are simulated on miniengine.roofline.CostModel, which tests/test_roofline.py pins to the worked examples.
+"""
+import ast
+import dataclasses
+import json
+
+import pytest
+
+from miniengine import metrics, sim
+from miniengine.engine import FCFSPolicy, StaticBatching
+from miniengine.model import LlamaConfig
+from miniengine.paths import REPO_ROOT
+from miniengine.roofline import GPUS, CostModel
+
+LAB03 = REPO_ROOT / "labs" / "lab03_roofline" / "lab03_roofline.ipynb"
+LLAMA3_8B = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)
+RUNS = {  # the same runs as the cells: model, GPU, workload, policy, seats
+    "visible": (LLAMA3_8B, "H100", (40, 2.0, 0), FCFSPolicy, 16),
+    "visible_static": (LLAMA3_8B, "H100", (30, 3.0, 1), lambda: StaticBatching(8), 256),
+    "hidden_continuous": (dataclasses.replace(LLAMA3_8B, num_key_value_heads=32), "A100-80GB", (30, 1.5, 7), FCFSPolicy, 8),
+    "hidden_static": (LLAMA3_8B, "H200", (30, 4.0, 11), lambda: StaticBatching(8), 256),
+}
+
+
+def pasted_expectations() -> dict:
+    found = {}
+    for cell in json.loads(LAB03.read_text())["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id", "").startswith("engine-"):
+            tree = ast.parse("".join(cell["source"]))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "EXPECTED":
+                    found.update(ast.literal_eval(node.value))
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_lab03_engine_expectations_match_the_course_cost_model(name):
+    cfg, gpu, (n, rate, seed), make_policy, seats = RUNS[name]
+    run = sim.simulate(sim.chat_workload(n, rate, seed), make_policy(), CostModel(cfg, GPUS[gpu]), max_num_seqs=seats)
+    s = metrics.summarize(run.timelines)
+    got = {"last_token_s": max(t.token_times[-1] for t in run.timelines), "ttft_p50_s": s["ttft_p50_s"],
+           "tpot_p50_s": s["tpot_p50_s"], "throughput_tok_s": s["throughput_tok_s"]}
+    want = pasted_expectations()[name]
+    assert set(want) == set(got)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-8), (name, key)
