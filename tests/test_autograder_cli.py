@@ -19,7 +19,7 @@ LAB = "lab01_naive_decode"
 def test_verify_proves_the_labs_sound(tmp_path):
     r = run_cli("verify", env=isolated_env(tmp_path), cwd=tmp_path, timeout=600)
     assert r.returncode == 0, explain(r)
-    assert f"{LAB}: solution 24/24, stub 0/24" in r.stdout and "sound" in r.stdout
+    assert f"{LAB}: solution 28/28, stub 0/28" in r.stdout and "sound" in r.stdout
 
 
 def solutions() -> dict[str, str]:
@@ -74,11 +74,11 @@ def test_student_workflow(tmp_path):
     original_test = next(c.source for c in released.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "top-k-visible")
     write_solutions(student_nb, {**good, "top-k-visible": original_test})
     r = run_cli("check", student_nb, env=env, cwd=tmp_path)
-    assert r.returncode == 0 and "6 of 6 visible tests passed" in r.stdout, explain(r)
+    assert r.returncode == 0 and "7 of 7 visible tests passed" in r.stdout, explain(r)
     r = run_cli("grade", student_nb, "--student", "me", "--out", tmp_path / "grades", env=env, cwd=tmp_path)
     assert r.returncode == 0, explain(r)
     graded = json.loads((tmp_path / "grades" / "grades.json").read_text())["students"]
-    assert [(s["student"], s["score"], s["max_score"]) for s in graded] == [("me", 24, 24)]
+    assert [(s["student"], s["score"], s["max_score"]) for s in graded] == [("me", 28, 28)]
 
 
 def test_a_notebook_over_its_total_time_limit_is_stopped(tmp_path):

@@ -56,8 +56,8 @@ class StepRecorder:
         self.engine, self.steps = engine, []
         inner = engine.scheduler.schedule
 
-        def schedule():
-            batch = inner()
+        def schedule(now=0.0):
+            batch = inner(now)
             self.steps.append((len(batch.seqs), batch.num_tokens, engine.kv.arena.slots_reserved))
             return batch
         engine.scheduler.schedule = schedule
