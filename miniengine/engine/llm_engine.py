@@ -28,8 +28,9 @@ from .sequence import Sequence
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, keep_logits: bool = False):
+    def __init__(self, config: EngineConfig, keep_logits: bool = False, clock=time.perf_counter, sleep=time.sleep):
         self.config = config
+        self.clock, self.sleep = clock, sleep  # wall time by default; a test may pass a virtual clock
         dtype = config.torch_dtype
         if isinstance(config.model, torch.nn.Module):
             model = config.model
@@ -54,7 +55,7 @@ class LLMEngine:
         ids = self.check_request(prompt_token_ids, params)
         if request_id is not None and request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        seq = Sequence(ids, params, request_id, time.perf_counter() if arrival_time is None else arrival_time)
+        seq = Sequence(ids, params, request_id, self.clock() if arrival_time is None else arrival_time)
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -83,12 +84,12 @@ class LLMEngine:
 
     def step(self) -> list[Sequence]:
         """One forward pass over this step's batch; returns the sequences that got a token (finished ones too)."""
-        now = time.perf_counter()
+        now = self.clock()
         batch = self.scheduler.schedule(now)
         if not batch.seqs:
             wake = getattr(self.scheduler.policy, "wake_time", lambda waiting: None)(tuple(self.scheduler.waiting))
             if wake is not None and wake > now:  # the policy holds requests back on purpose (a batching timeout)
-                time.sleep(wake - now)
+                self.sleep(wake - now)
             elif self.scheduler.has_unfinished():
                 raise RuntimeError(f"the scheduling policy admitted no request while none is running, with "
                                    f"{len(self.scheduler.waiting)} waiting: the engine would stall")

@@ -55,6 +55,15 @@ class FCFSPolicy:
         return admitted
 
 
+class ContinuousBatching(FCFSPolicy):
+    """Iteration-level scheduling, as in Orca (Yu et al., OSDI 2022): every step, finished requests have already
+    left (the scheduler retires them in postprocess) and waiting ones join, oldest first, while the step's
+    sequence and token budgets and the KV memory allow.  Running decodes always go first, so they never starve.
+
+    The same rule as :class:`FCFSPolicy`; the name says what it is for.  ``max_num_seqs`` caps the batch.
+    """
+
+
 class StaticBatching:
     """Request-level batching: gather ``batch_size`` requests (or wait ``timeout_s`` past the oldest's
     arrival), prefill them together, decode until the last of them is done, and only then admit more.
