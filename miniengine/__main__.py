@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     rf.set_defaults(func=roofline.run)
 
     bench.add_arguments(sub.add_parser("bench", help="benchmarks: tables of medians and ratios measured in one run"))
+    from . import sim
+
+    sim.add_arguments(sub.add_parser("simulate", help="batch-1, static and continuous batching on the paper GPU, over seeds"))
     return parser
 
 

@@ -199,4 +199,7 @@ def summarize(requests: Sequence[RequestTimeline], slo: SLO = SLO(), span: float
     for name, fn in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
         for key, value in percentiles(fn(r) for r in requests).items():
             out[f"{name}_{key}_s"] = value
+    gaps = np.concatenate([itl(r) for r in requests] + [np.zeros(0)])  # every inter-token gap of every request
+    for key, value in (percentiles(gaps).items() if gaps.size else ()):
+        out[f"itl_{key}_s"] = value
     return out
