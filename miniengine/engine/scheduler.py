@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
-from .policy import Budget, FCFSPolicy
+from .policy import Budget, ContinuousBatching
 from .sequence import Sequence, SequenceStatus
 
 
@@ -38,7 +38,7 @@ def stop_reason(seq: Sequence, token_id: int, eos_token_id: int) -> str | None:
 class Scheduler:
     def __init__(self, kv, eos_token_id: int, max_num_seqs: int, max_num_batched_tokens: int, policy=None):
         self.kv, self.eos_token_id = kv, eos_token_id
-        self.policy = policy if policy is not None else FCFSPolicy()
+        self.policy = policy if policy is not None else ContinuousBatching()
         # A policy may bring its own batch limit (batch-1 FCFS, a static batch size) within the engine's.
         own = getattr(self.policy, "max_num_seqs", None)
         self.max_num_seqs = min(max_num_seqs, own) if own else max_num_seqs
