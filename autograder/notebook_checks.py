@@ -289,6 +289,7 @@ COURSE_PARTS = {
     "sample": ("miniengine.sampling", "sample_token"),
     "ContiguousKVCache": ("miniengine.kv.contiguous", "KVCache"),
     "CachedAttention": ("miniengine.kv.contiguous", "CachedBackend"),
+    "fits": None,  # _lent_fits below: the admission test inside miniengine.engine.policy.FCFSPolicy.admit
 }
 
 _live: set = set()  # tokens of the course_parts_under contexts now active; a fresh set whenever this module is reloaded
@@ -397,10 +398,25 @@ def _lent_class(cls, name: str, token):
                                     "__module__": cls.__module__})
 
 
+def _lent_fits(token):
+    """The course's fits (lab 4), live only in its test: a seat left, the prompt within the token budget, KV memory.
+
+    FCFSPolicy.admit makes this test inline; it has no function of its own to copy, so it is written out here.
+    """
+    def fits(seq, seqs_left, tokens_left, can_allocate):
+        _require_live(token, "fits")
+        return seqs_left >= 1 and seq.num_new_tokens <= tokens_left and bool(can_allocate(seq))
+
+    fits.__doc__ = "The course's fits, lent to this test."
+    return fits
+
+
 def _course_part(name: str, token):
     if name not in COURSE_PARTS:
         raise KeyError(f"no course version of {name!r}; known parts: {', '.join(COURSE_PARTS)}")
     if COURSE_PARTS[name] is None:
+        if name == "fits":
+            return _lent_fits(token)
         return _lent_function(course_greedy, name, token)
     original = _private_copy(*COURSE_PARTS[name])
     if inspect.isclass(original):

@@ -49,3 +49,37 @@ def test_lab03_engine_expectations_match_the_course_cost_model(name):
     assert set(want) == set(got)
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-8), (name, key)
+
+
+# Lab 04's simulator tests compare a serving run with the student's ContinuousBatching against figures pasted into
+# the cells; here the same runs use the course's ContinuousBatching.
+LAB04 = REPO_ROOT / "labs" / "lab04_continuous_batching" / "lab04_continuous_batching.ipynb"
+LAB04_RUNS = {  # the same runs as the cells: workload (n, rate, seed), GPU, seats, tokens per step
+    "visible": ((60, 200.0, 0), "H100", 64, 2304),
+    "hidden_a100": ((60, 150.0, 4), "A100-80GB", 32, 3072),
+    "hidden_h200": ((60, 200.0, 6), "H200", 64, 2400),
+}
+
+
+def lab04_expectations() -> dict:
+    found = {}
+    for cell in json.loads(LAB04.read_text())["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id", "").startswith("sim-"):
+            for node in ast.walk(ast.parse("".join(cell["source"]))):
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "EXPECTED":
+                    found.update(ast.literal_eval(node.value))
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(LAB04_RUNS))
+def test_lab04_simulator_expectations_match_the_course_policy(name):
+    from miniengine.engine import ContinuousBatching
+    from miniengine.roofline import llama3_8b
+
+    work, gpu, seats, tokens = LAB04_RUNS[name]
+    run = sim.simulate(sim.chat_workload(*work), ContinuousBatching(), CostModel(llama3_8b(), GPUS[gpu]),
+                       max_num_seqs=seats, max_num_batched_tokens=tokens)
+    s = metrics.summarize(run.timelines)
+    want = lab04_expectations()[name]
+    for key in want:
+        assert s[key] == pytest.approx(want[key], rel=1e-8), (name, key)
