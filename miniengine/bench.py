@@ -144,7 +144,8 @@ def serve(args) -> int:
     tok = load_tokenizer(model_dir)
     rng = np.random.default_rng(args.seed)
     prompt_lens = np.clip(lognormal_lengths(rng, 32, 0.5, args.requests), 4, 128)
-    new_lens = np.clip(lognormal_lengths(rng, args.mean_new_tokens, 0.5, args.requests), 4, 256)
+    new_lens = (np.clip(lognormal_lengths(rng, args.mean_new_tokens, args.output_sigma, args.requests), 4, 256)
+                if args.output_sigma > 0 else np.full(args.requests, args.mean_new_tokens))
     windows = batch_prompts(tok, args.requests, 128)
     arrivals = np.cumsum(rng.exponential(1 / args.rate, args.requests))
     trace = [TraceRequest(float(a), w[:int(p)], SamplingParams(temperature=0, max_tokens=int(n), ignore_eos=True))
@@ -166,7 +167,8 @@ def serve(args) -> int:
         rows.append((name, s))
     same = all(t == tokens[rows[0][0]] for t in tokens.values())
     print(f"serving benchmark: {model_dir.name}, {args.requests} requests, Poisson arrivals at {args.rate}/s (seed "
-          f"{args.seed}), prompts ~32 and outputs ~{args.mean_new_tokens} tokens (lognormal), greedy, "
+          f"{args.seed}), prompts ~32 and outputs ~{args.mean_new_tokens} tokens (lognormal, sigma {args.output_sigma}), "
+          f"greedy, "
           f"torch threads {torch.get_num_threads()}, wall clock")
     print(f"{'policy':<26} {'tokens/s':>9} {'TTFT P50':>9} {'TTFT P99':>9} {'TPOT P50':>9}")
     for name, s in rows:
@@ -200,6 +202,8 @@ def add_arguments(p) -> None:
     s.add_argument("--requests", type=int, default=64)
     s.add_argument("--rate", type=float, default=200.0, help="arrivals per second")
     s.add_argument("--mean-new-tokens", type=int, default=64)
+    s.add_argument("--output-sigma", type=float, default=0.5,
+                   help="spread of the output lengths (lognormal sigma); 0 gives every request the same length")
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--static-batch", type=int, default=16)
     s.add_argument("--seed", type=int, default=0)

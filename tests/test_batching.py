@@ -150,7 +150,8 @@ def test_bench_serve_runs_every_policy_on_the_same_tokens(capsys):
     from types import SimpleNamespace
 
     from miniengine import bench
-    args = SimpleNamespace(model="target", requests=6, rate=500.0, mean_new_tokens=6, max_num_seqs=8, static_batch=3, seed=1)
+    args = SimpleNamespace(model="target", requests=6, rate=500.0, mean_new_tokens=6, output_sigma=0.5, max_num_seqs=8,
+                           static_batch=3, seed=1)
     assert bench.serve(args) == 0
     out = capsys.readouterr().out.splitlines()
     assert "same tokens under every policy: True" in out
