@@ -64,7 +64,6 @@ class LLM:
 
     def _output(self, seq) -> RequestOutput:
         if seq.is_finished:
-            self.engine.requests.pop(seq.request_id, None)
             text = self._texts.pop(seq.request_id, None)
         else:
             text = self._texts.get(seq.request_id)

@@ -257,8 +257,9 @@ def simulate(requests: Seq[SimRequest], policy, model, max_num_seqs: int = 256,
         loop.admit_arrivals()
         batch = loop.scheduler.schedule(loop.now)
         if batch.seqs:
-            steady = previous == [s.seq_id for s in batch.seqs] and all(n == 1 for n in batch.num_new_tokens)
-            previous = [s.seq_id for s in batch.seqs]
+            ids = [s.seq_id for s in batch.seqs]
+            steady = previous == ids and all(n == 1 for n in batch.num_new_tokens)
+            previous = ids
             loop.run(batch, steady)
             continue
         previous = None

@@ -43,6 +43,7 @@ def test_add_request_and_step_drive_the_engine_one_step_at_a_time(llm, golden):
                 done[o.request_id] = o
     assert done[ra].token_ids == a["token_ids"] and done[rb].token_ids == b["token_ids"]
     assert done[rb].prompt == b["prompt"]
+    assert llm.engine.requests == {} and llm._texts == {}  # finished requests are not kept around
 
 
 def test_a_bad_request_names_its_index_and_the_engine_keeps_serving(llm):

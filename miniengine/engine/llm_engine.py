@@ -47,7 +47,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, cfg.eos_token_id, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.scheduling_policy)
         self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits)
-        self.requests: dict = {}  # request_id -> Sequence, finished ones included until collected
+        self.requests: dict = {}  # request_id -> Sequence, for the requests not finished yet
 
     def add_request(self, prompt_token_ids, params: SamplingParams | None = None, request_id=None,
                     arrival_time: float | None = None) -> Sequence:
@@ -70,14 +70,18 @@ class LLMEngine:
         if len(ids) > c.max_num_batched_tokens:
             raise ValueError(f"len(prompt) must be <= max_num_batched_tokens={c.max_num_batched_tokens} (a prompt is "
                              f"prefilled in one step), got {len(ids)}")
-        if isinstance(self.kv, ContiguousKV) and len(ids) + params.max_tokens > c.kv_cache_tokens:
-            raise ValueError(f"len(prompt) + max_tokens must be <= kv_cache_tokens={c.kv_cache_tokens}, "
+        capacity = getattr(self.kv, "capacity_tokens", None)  # a KV layout with a fixed pool says how big it is
+        if capacity is not None and len(ids) + params.max_tokens > capacity:
+            raise ValueError(f"len(prompt) + max_tokens must be <= kv_cache_tokens={capacity}, "
                              f"got {len(ids)} + {params.max_tokens}")
         return ids
 
     def abort(self, request_id) -> bool:
         """Stop a request and free its KV memory; False if it is unknown or already finished."""
-        return self.scheduler.abort(request_id) is not None
+        seq = self.scheduler.abort(request_id)
+        if seq is not None:
+            del self.requests[seq.request_id]
+        return seq is not None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -95,5 +99,6 @@ class LLMEngine:
                                    f"{len(self.scheduler.waiting)} waiting: the engine would stall")
             return []
         tokens = self.runner.run(batch)
-        self.scheduler.postprocess(batch, tokens)
+        for seq in self.scheduler.postprocess(batch, tokens):
+            del self.requests[seq.request_id]  # finished: its id may be used again
         return batch.seqs

@@ -19,7 +19,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int]:
         device = self.model.device
-        ids = [t for s, n in zip(batch.seqs, batch.num_new_tokens) for t in s.token_ids[s.num_cached_tokens:][:n]]
+        ids = [t for s, n in zip(batch.seqs, batch.num_new_tokens) for t in s.token_ids[s.num_cached_tokens:s.num_cached_tokens + n]]
         input_ids = torch.tensor(ids, device=device)
         backend = self.kv.backend(batch.seqs, batch.num_new_tokens)
         positions = backend.positions(device)

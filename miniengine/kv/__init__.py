@@ -7,6 +7,7 @@ The KV plug point.  ``LLM(..., kv=...)`` / ``EngineConfig.kv`` takes an object w
     free(seq)                          give it back (finish, abort, preemption)
     backend(seqs, new_tokens)          this step's attention backend: positions(device),
                                        attend(layer, q, k, v), advance()
+    capacity_tokens (optional)         the most positions one request may reserve; larger ones are refused
 
 The course's layouts: :class:`ContiguousKV` (milestone 2, the default).  A
 per-sequence cache class and backend class written in Lab 02 plug in through

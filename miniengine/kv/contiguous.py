@@ -199,6 +199,11 @@ class ContiguousKV:
     def __init__(self, model_config, num_slots: int, dtype=torch.float32, device="cpu"):
         self.arena = KVArena(model_config, num_slots, dtype, device)
 
+    @property
+    def capacity_tokens(self) -> int:
+        """The most positions one sequence can ever reserve: a request needing more is rejected on arrival."""
+        return self.arena.num_slots
+
     def can_allocate(self, seq) -> bool:
         return self.arena.find(seq.max_len) is not None
 
