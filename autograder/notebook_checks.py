@@ -289,8 +289,9 @@ COURSE_PARTS = {
     "sample": ("miniengine.sampling", "sample_token"),
     "ContiguousKVCache": ("miniengine.kv.contiguous", "KVCache"),
     "CachedAttention": ("miniengine.kv.contiguous", "CachedBackend"),
-    "fits": None,  # _lent_fits below: the admission test inside miniengine.engine.policy.FCFSPolicy.admit
+    "fits": ("miniengine.engine.policy", "fits"),
 }
+_TAKES_LOGITS = {"greedy", "top_k_mask", "top_p_mask", "sample"}  # lent with their first argument made numpy float64
 
 _live: set = set()  # tokens of the course_parts_under contexts now active; a fresh set whenever this module is reloaded
 
@@ -376,12 +377,14 @@ def course_greedy(logits):
 
 
 def _lent_function(fn, name: str, token):
-    """fn as the notebook calls it: numpy float64 logits first (a tensor or a list is converted), live only in its test."""
-    def course_part(logits, *args, **kwargs):
+    """fn as the notebook calls it, live only in its test; a sampling part gets numpy float64 logits first
+    (a tensor or a list is converted)."""
+    def course_part(*args, **kwargs):
         _require_live(token, name)
-        if isinstance(logits, torch.Tensor):
-            logits = logits.detach().cpu().double().numpy()
-        return fn(np.asarray(logits, dtype=np.float64), *args, **kwargs)
+        if name in _TAKES_LOGITS:
+            logits = args[0].detach().cpu().double().numpy() if isinstance(args[0], torch.Tensor) else args[0]
+            args = (np.asarray(logits, dtype=np.float64),) + args[1:]
+        return fn(*args, **kwargs)
 
     course_part.__name__ = course_part.__qualname__ = name
     course_part.__doc__ = f"The course's {name}, lent to this test."
@@ -398,25 +401,10 @@ def _lent_class(cls, name: str, token):
                                     "__module__": cls.__module__})
 
 
-def _lent_fits(token):
-    """The course's fits (lab 4), live only in its test: a seat left, the prompt within the token budget, KV memory.
-
-    FCFSPolicy.admit makes this test inline; it has no function of its own to copy, so it is written out here.
-    """
-    def fits(seq, seqs_left, tokens_left, can_allocate):
-        _require_live(token, "fits")
-        return seqs_left >= 1 and seq.num_new_tokens <= tokens_left and bool(can_allocate(seq))
-
-    fits.__doc__ = "The course's fits, lent to this test."
-    return fits
-
-
 def _course_part(name: str, token):
     if name not in COURSE_PARTS:
         raise KeyError(f"no course version of {name!r}; known parts: {', '.join(COURSE_PARTS)}")
     if COURSE_PARTS[name] is None:
-        if name == "fits":
-            return _lent_fits(token)
         return _lent_function(course_greedy, name, token)
     original = _private_copy(*COURSE_PARTS[name])
     if inspect.isclass(original):

@@ -34,6 +34,11 @@ class Budget:
     now: float = 0.0        # the clock: wall time in the engine, simulated time in the simulator
 
 
+def fits(seq, seqs_left: int, tokens_left: int, can_allocate) -> bool:
+    """May this waiting sequence join the step: a seat left, its prompt within the token budget, KV memory for it."""
+    return seqs_left >= 1 and seq.num_new_tokens <= tokens_left and bool(can_allocate(seq))
+
+
 class FCFSPolicy:
     """Iteration-level first-come first-served: admit from the head of the queue while the step has room.
 
@@ -48,7 +53,7 @@ class FCFSPolicy:
     def admit(self, waiting, running, budget: Budget):
         admitted, seqs, tokens = [], budget.max_seqs, budget.max_tokens
         for seq in waiting:
-            if seqs < 1 or seq.num_new_tokens > tokens or not budget.can_allocate(seq):
+            if not fits(seq, seqs, tokens, budget.can_allocate):
                 break
             admitted.append(seq)
             seqs, tokens = seqs - 1, tokens - seq.num_new_tokens
