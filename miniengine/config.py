@@ -7,6 +7,7 @@ import numbers
 import torch
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+KV_LAYOUTS = ("paged", "contiguous")
 
 
 def _positive_int(name, value):
@@ -20,7 +21,7 @@ class EngineConfig:
 
     Plug points (None means the course's own implementation):
       sampler            ``sampler(logits[B, V], params, positions) -> list[int]``   (Lab 01)
-      kv                 a KV layout: can_allocate / allocate / free / backend     (Lab 02)
+      kv                 a KV layout: can_allocate / allocate / free / backend     (Labs 02, 05)
       scheduling_policy  ``admit(waiting, running, budget) -> list[Sequence]``      (Lab 04)
     """
 
@@ -29,7 +30,9 @@ class EngineConfig:
     device: str = "cpu"
     max_num_seqs: int = 64               # sequences in one step
     max_num_batched_tokens: int = 4096   # tokens in one step (prefill tokens + one per decode)
-    kv_cache_tokens: int = 16384         # positions of K/V the contiguous arena holds, all sequences together
+    kv_cache_tokens: int = 16384         # positions of K/V the cache holds, all sequences together
+    kv_layout: str = "paged"             # "paged": blocks on demand (milestone 5); "contiguous": reserve up front
+    block_size: int = 16                 # positions per KV block (paged layout): kv_cache_tokens // block_size blocks
     sampler: object = None
     kv: object = None
     scheduling_policy: object = None
@@ -37,8 +40,13 @@ class EngineConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size"):
             _positive_int(name, getattr(self, name))
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {list(KV_LAYOUTS)}, got {self.kv_layout!r}")
+        if self.kv_layout == "paged" and self.kv_cache_tokens < self.block_size:
+            raise ValueError(f"kv_cache_tokens must be >= block_size={self.block_size} (at least one block), "
+                             f"got {self.kv_cache_tokens}")
         if self.sampler is not None and not callable(self.sampler):
             raise ValueError(f"sampler must be callable as sampler(logits, params, positions), got {type(self.sampler).__name__}")
         if self.scheduling_policy is not None and not callable(getattr(self.scheduling_policy, "admit", None)):

@@ -34,7 +34,7 @@ def cached_generate(model, prompts, params, eos_token_id: int | None = None, dty
     model = in_dtype(model, dtype)
     need = sum(len(p) + sp.max_tokens for p, sp in zip(prompts, params))
     engine = LLMEngine(EngineConfig(model=model, dtype=DTYPE_NAMES[dtype], device=str(model.device),
-                                    max_num_seqs=len(prompts), kv_cache_tokens=need,
+                                    max_num_seqs=len(prompts), kv_cache_tokens=need, kv_layout="contiguous",
                                     max_num_batched_tokens=max(need, 1)), keep_logits=return_logits)
     if eos_token_id is not None:
         engine.scheduler.eos_token_id = eos_token_id

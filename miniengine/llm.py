@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .config import EngineConfig
 from .engine import LLMEngine
-from .outputs import RequestOutput
+from .outputs import CompletionOutput, RequestOutput
 from .paths import TARGET
 from .sampling import SamplingParams
 from .tokenizer import IncrementalDetokenizer, load_tokenizer
@@ -54,7 +54,8 @@ class LLM:
 
     def step(self) -> list[RequestOutput]:
         """One engine step; an output for every request that got a token (``finished`` says if it is done)."""
-        return [self._output(s) for s in self.engine.step()]
+        roots = {s.root.seq_id: s.root for s in self.engine.step()}  # n > 1: one output per request
+        return [self._output(s) for s in roots.values()]
 
     def has_unfinished_requests(self) -> bool:
         return self.engine.has_unfinished_requests()
@@ -63,13 +64,14 @@ class LLM:
         return self.engine.abort(request_id)
 
     def _output(self, seq) -> RequestOutput:
-        if seq.is_finished:
-            text = self._texts.pop(seq.request_id, None)
-        else:
-            text = self._texts.get(seq.request_id)
-        out = seq.output_token_ids
-        return RequestOutput(seq.request_id, text, seq.prompt_token_ids, out, self.tokenizer.decode(out),
-                             seq.finish_reason, seq.tokens_processed, seq.is_finished)
+        """The request's output so far; ``seq`` is its first sequence (completion 0)."""
+        finished = seq.request_finished
+        text = self._texts.pop(seq.request_id, None) if finished else self._texts.get(seq.request_id)
+        outputs = [CompletionOutput(s.child_index, s.output_token_ids, self.tokenizer.decode(s.output_token_ids),
+                                    s.finish_reason) for s in seq.completions]
+        first = outputs[0]
+        return RequestOutput(seq.request_id, text, seq.prompt_token_ids, first.token_ids, first.text,
+                             first.finish_reason, sum(s.tokens_processed for s in seq.completions), finished, outputs)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Prompts are strings or lists of token ids; returns one RequestOutput per prompt, in order."""
@@ -91,6 +93,8 @@ class LLM:
 
     def stream(self, prompt, sampling_params: SamplingParams | None = None):
         """Yields the completion's text in pieces as tokens are generated."""
+        if sampling_params is not None and sampling_params.n != 1:
+            raise ValueError(f"stream serves one completion: n must be 1, got {sampling_params.n}")
         rid = self.add_request(prompt, sampling_params)
         seq = self.engine.requests[rid]
         detok = IncrementalDetokenizer(self.tokenizer)

@@ -29,6 +29,7 @@ class SamplingParams:
     max_tokens: int = 16
     seed: int = 0
     ignore_eos: bool = False
+    n: int = 1  # completions of the prompt; child i samples with seed child_seed(seed, i)
 
     def __post_init__(self):
         t = self.temperature
@@ -43,10 +44,30 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not _is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def child_seed(seed: int, index: int) -> int:
+    """The sampling seed of completion ``index`` of a request with ``n`` > 1 completions.
+
+    Child 0 keeps the request's own seed, so it is exactly what ``n=1`` returns.
+    Child i > 0 takes the first 64-bit word of numpy's ``SeedSequence([seed mod 2**64, i])``:
+    a documented hash, so that children differ from each other and from
+    neighbouring seeds, and any implementation can derive the same keys.
+    """
+    if index == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, int(index)]).generate_state(1, np.uint64)[0])
+
+
+def child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The params completion ``index`` samples with: its own seed, n=1."""
+    return dataclasses.replace(params, seed=child_seed(params.seed, index), n=1)
 
 
 def gumbel_noise(seed: int, position: int, vocab_size: int) -> np.ndarray:

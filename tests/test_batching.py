@@ -6,6 +6,7 @@ import pytest
 
 from miniengine import EngineConfig, SamplingParams
 from miniengine.engine import ContinuousBatching, LLMEngine, StaticBatching, TraceRequest, replay
+from kv_checks import check_kv_accounting
 
 
 class VirtualClock:
@@ -62,11 +63,10 @@ class Invariants:
             last, p = q.token_ids[-1], q.params
             stops = (last == s.eos_token_id and not p.ignore_eos) or len(q.output_token_ids) >= p.max_tokens
             assert stops == q.is_finished == (q in done), q
-        prefilled = [q.seq_id for q in batch.seqs if len(q.output_token_ids) == 1]
+        prefilled = [q.seq_id for q in batch.seqs if q.seq_id in self.head]  # waiting before, running now
         assert prefilled == self.head[:len(prefilled)], "a later request was admitted before an earlier one"
         assert [q.seq_id for q in s.waiting] == sorted(q.seq_id for q in s.waiting), "the waiting queue lost its order"
-        reserved = sum(q.max_len for q in s.running)
-        assert self.engine.kv.arena.slots_reserved == reserved, "KV reservations do not match the running requests"
+        check_kv_accounting(self.engine.kv, s.running, f"step {self.steps}")
         for q in s.waiting:
             self.waited[q.seq_id] = self.waited.get(q.seq_id, 0) + 1
 

@@ -55,8 +55,9 @@ def test_a_bad_request_names_its_index_and_the_engine_keeps_serving(llm):
     assert len(llm.generate([[1, 2]], SamplingParams(max_tokens=2))[0].token_ids) >= 1
 
 
-def test_abort_frees_the_request_and_the_others_finish(golden):
-    llm = LLM(kv_cache_tokens=400)
+@pytest.mark.parametrize("kv_layout", ["paged", "contiguous"])
+def test_abort_frees_the_request_and_the_others_finish(golden, kv_layout):
+    llm = LLM(kv_cache_tokens=400, kv_layout=kv_layout)
     a, b = golden["cases"][0], golden["cases"][1]
     ra = llm.add_request(a["prompt_token_ids"], SamplingParams(**a["params"]))
     rb = llm.add_request(b["prompt_token_ids"], SamplingParams(**b["params"]))
@@ -66,7 +67,11 @@ def test_abort_frees_the_request_and_the_others_finish(golden):
     while llm.has_unfinished_requests():
         outs += [o for o in llm.step() if o.finished]
     assert [o.request_id for o in outs] == [rb] and outs[0].token_ids == b["token_ids"]
-    assert llm.engine.kv.arena.slots_reserved == 0
+    kv = llm.engine.kv
+    if kv_layout == "paged":
+        assert kv.block_manager.num_free_blocks == kv.num_blocks and not kv.block_manager.block_tables
+    else:
+        assert kv.arena.slots_reserved == 0
 
 
 def test_bad_engine_arguments():
@@ -85,11 +90,22 @@ def test_bad_engine_arguments():
 
 
 def test_engine_limits_are_request_errors_that_name_the_field():
-    llm = LLM(max_num_batched_tokens=16, kv_cache_tokens=40)
+    llm = LLM(max_num_batched_tokens=16, kv_cache_tokens=40, kv_layout="contiguous")
     with pytest.raises(ValueError, match=r"len\(prompt\) must be <= max_num_batched_tokens=16 .*, got 17"):
         llm.add_request(list(range(1, 18)), SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match=r"len\(prompt\) \+ max_tokens must be <= kv_cache_tokens=40, got 10 \+ 31"):
         llm.add_request(list(range(1, 11)), SamplingParams(max_tokens=31))
+    with pytest.raises(ValueError, match=r"n must be 1 with a KV layout that cannot share memory .*got n=2: use "
+                                         r"kv_layout='paged'"):
+        llm.add_request([1], SamplingParams(max_tokens=1, n=2))
+    paged = LLM(kv_cache_tokens=40, max_num_seqs=4)
+    with pytest.raises(ValueError, match=r"len\(prompt\) \+ max_tokens must be <= 48, the KV pool's 3 blocks of 16 "
+                                         r"positions \(kv_cache_tokens=40 rounded up to whole blocks\), got 10 \+ 39"):
+        paged.add_request(list(range(1, 11)), SamplingParams(max_tokens=39))
+    with pytest.raises(ValueError, match=r"n must be <= max_num_seqs=4 .*, got 5"):
+        paged.add_request([1], SamplingParams(max_tokens=1, n=5))
+    with pytest.raises(ValueError, match=r"n must be an integer >= 1, got 0"):
+        SamplingParams(n=0)
     with pytest.raises(ValueError, match=r"request_id 'x' is already in use"):
         llm.add_request([1], SamplingParams(max_tokens=1), request_id="x")
         llm.add_request([1], SamplingParams(max_tokens=1), request_id="x")

@@ -10,6 +10,7 @@ from miniengine.engine import FCFSPolicy
 from miniengine.kv import PerSequenceKV
 from miniengine.layers.sampler import PerRowSampler
 from miniengine.sampling import gumbel_noise
+from kv_checks import kv_tokens_held
 
 
 def params_of(case):
@@ -58,7 +59,7 @@ class StepRecorder:
 
         def schedule(now=0.0):
             batch = inner(now)
-            self.steps.append((len(batch.seqs), batch.num_tokens, engine.kv.arena.slots_reserved))
+            self.steps.append((len(batch.seqs), batch.num_tokens, kv_tokens_held(engine.kv)))
             return batch
         engine.scheduler.schedule = schedule
 
@@ -70,7 +71,7 @@ def test_budgets_hold_at_every_step(golden):
     check_golden(llm, cases)
     assert all(n <= 3 and t <= 40 and kv <= 200 for n, t, kv in rec.steps), rec.steps
     assert max(n for n, _, _ in rec.steps) == 3  # the budgets bind, so the test means something
-    assert llm.engine.kv.arena.slots_reserved == 0  # every finished request gave its KV back
+    assert kv_tokens_held(llm.engine.kv) == 0  # every finished request gave its KV back
 
 
 # ------------------------------------------------------------------ plug points, each with an independent implementation
@@ -176,7 +177,7 @@ def test_a_policy_that_breaks_the_budget_gets_a_clear_error(golden):
 
 def test_fcfs_never_lets_a_later_request_overtake(golden):
     """With KV memory for one long request at a time, a short request that arrived later waits its turn."""
-    llm = LLM(kv_cache_tokens=60, scheduling_policy=FCFSPolicy())
+    llm = LLM(kv_cache_tokens=60, scheduling_policy=FCFSPolicy(), kv_layout="contiguous")  # reserve up front
     long_, short = [1] * 30, [2] * 3
     a = llm.add_request(long_, SamplingParams(max_tokens=25, ignore_eos=True, temperature=0))
     b = llm.add_request(long_, SamplingParams(max_tokens=25, ignore_eos=True, temperature=0))

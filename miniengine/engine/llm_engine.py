@@ -16,7 +16,7 @@ import time
 import torch
 
 from ..config import EngineConfig
-from ..kv import ContiguousKV
+from ..kv import ContiguousKV, PagedKV
 from ..layers.sampler import Sampler
 from ..model import load_model
 from ..paths import resolve_model_dir
@@ -43,11 +43,17 @@ class LLMEngine:
             model = load_model(self.model_dir, dtype=dtype, device=config.device)
         self.model = model
         cfg = model.config
-        self.kv = config.kv if config.kv is not None else ContiguousKV(cfg, config.kv_cache_tokens, dtype, model.device)
+        self.kv = config.kv if config.kv is not None else self._default_kv(cfg, dtype, model.device)
         self.scheduler = Scheduler(self.kv, cfg.eos_token_id, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.scheduling_policy)
         self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits)
         self.requests: dict = {}  # request_id -> Sequence, for the requests not finished yet
+
+    def _default_kv(self, cfg, dtype, device):
+        c = self.config
+        if c.kv_layout == "paged":
+            return PagedKV(cfg, -(-c.kv_cache_tokens // c.block_size), c.block_size, dtype, device)  # whole blocks
+        return ContiguousKV(cfg, c.kv_cache_tokens, dtype, device)
 
     def add_request(self, prompt_token_ids, params: SamplingParams | None = None, request_id=None,
                     arrival_time: float | None = None) -> Sequence:
@@ -70,17 +76,27 @@ class LLMEngine:
         if len(ids) > c.max_num_batched_tokens:
             raise ValueError(f"len(prompt) must be <= max_num_batched_tokens={c.max_num_batched_tokens} (a prompt is "
                              f"prefilled in one step), got {len(ids)}")
+        if params.n > 1 and not hasattr(self.kv, "fork"):
+            raise ValueError(f"n must be 1 with a KV layout that cannot share memory between sequences "
+                             f"({type(self.kv).__name__}), got n={params.n}: use kv_layout='paged'")
+        if params.n > c.max_num_seqs:
+            raise ValueError(f"n must be <= max_num_seqs={c.max_num_seqs} (the completions decode together), "
+                             f"got {params.n}")
         capacity = getattr(self.kv, "capacity_tokens", None)  # a KV layout with a fixed pool says how big it is
         if capacity is not None and len(ids) + params.max_tokens > capacity:
-            raise ValueError(f"len(prompt) + max_tokens must be <= kv_cache_tokens={capacity}, "
-                             f"got {len(ids)} + {params.max_tokens}")
+            if isinstance(self.kv, PagedKV) and c.kv is None:
+                limit = (f"{capacity}, the KV pool's {self.kv.num_blocks} blocks of {self.kv.block_size} positions "
+                         f"(kv_cache_tokens={c.kv_cache_tokens} rounded up to whole blocks)")
+            else:
+                limit = f"kv_cache_tokens={capacity}"
+            raise ValueError(f"len(prompt) + max_tokens must be <= {limit}, got {len(ids)} + {params.max_tokens}")
         return ids
 
     def abort(self, request_id) -> bool:
         """Stop a request and free its KV memory; False if it is unknown or already finished."""
         seq = self.scheduler.abort(request_id)
         if seq is not None:
-            del self.requests[seq.request_id]
+            self.requests.pop(seq.request_id, None)
         return seq is not None
 
     def has_unfinished_requests(self) -> bool:
@@ -98,7 +114,10 @@ class LLMEngine:
                 raise RuntimeError(f"the scheduling policy admitted no request while none is running, with "
                                    f"{len(self.scheduler.waiting)} waiting: the engine would stall")
             return []
+        forking = {s.seq_id for s in batch.seqs if s.fork_pending}
         tokens = self.runner.run(batch)
         for seq in self.scheduler.postprocess(batch, tokens):
-            del self.requests[seq.request_id]  # finished: its id may be used again
-        return batch.seqs
+            if seq.request_finished and seq.request_id in self.requests:
+                del self.requests[seq.request_id]  # finished: its id may be used again
+        # A request that forked in this step got a token in every completion.
+        return [c for s in batch.seqs for c in (s.completions if s.seq_id in forking else [s])]

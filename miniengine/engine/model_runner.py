@@ -26,10 +26,13 @@ class ModelRunner:
         logits_indices = torch.tensor(batch.num_new_tokens, device=device).cumsum(0) - 1
         logits = self.model(input_ids, positions, backend, logits_indices=logits_indices)
         backend.advance()
-        # The token a row chooses lands right after the sequence's last fed token.
-        sample_positions = [s.num_cached_tokens + n for s, n in zip(batch.seqs, batch.num_new_tokens)]
         if self.keep_logits:
             for s, row in zip(batch.seqs, logits.float().cpu()):
                 s.logits = [] if s.logits is None else s.logits
                 s.logits.append(row.clone())
-        return self.sampler(logits, [s.params for s in batch.seqs], sample_positions)
+        rows = batch.sample_rows()  # one per sequence, or n for a request that forks after its prefill
+        if len(rows) != len(batch.seqs):
+            logits = logits[torch.tensor([i for i, _ in rows], device=logits.device)]
+        # The token a row chooses lands right after the sequence's last fed token.
+        positions = [batch.seqs[i].num_cached_tokens + batch.num_new_tokens[i] for i, _ in rows]
+        return self.sampler(logits, [p for _, p in rows], positions)

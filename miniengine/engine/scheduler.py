@@ -3,15 +3,26 @@
 ``schedule()`` returns this step's batch: every running sequence decodes one
 token, and the policy admits waiting ones to prefill, within the step's
 sequence budget (``max_num_seqs``), token budget (``max_num_batched_tokens``)
-and the KV memory left.  ``postprocess()`` appends the sampled tokens and
-applies the engine's one stop rule.  Neither knows how long a request will
-run: only the simulator may know that in advance.
+and the KV memory left.  ``postprocess()`` appends the sampled tokens, forks
+the completions of an ``n > 1`` request after its prefill, and applies the
+engine's one stop rule.  Neither knows how long a request will run: only the
+simulator may know that in advance.
+
+Memory pressure (a KV layout that grows sequences block by block, such as the
+paged one, has ``can_append``/``append_slot``): before a decode step every
+running sequence needs a slot for the token it feeds.  When no block is free,
+the most recently admitted running sequence is preempted by recompute: its
+blocks are freed, and it goes back to the front of the waiting queue, to be
+prefilled again later over its prompt *and* the tokens it had generated
+(vLLM's default; Kwon et al., 2023, section 4.5).  Its keyed sampling noise
+makes the recomputed run choose the same tokens.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
 
+from ..sampling import SamplingParams, child_params
 from .policy import Budget, ContinuousBatching
 from .sequence import Sequence, SequenceStatus
 
@@ -24,6 +35,17 @@ class ScheduledBatch:
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
+
+    def sample_rows(self) -> list[tuple[int, SamplingParams]]:
+        """(index into seqs, params) of every token to sample: one per sequence, n for a sequence whose
+        request forks its other completions after this (prefill) step, each with its own seed."""
+        rows = []
+        for i, s in enumerate(self.seqs):
+            if s.fork_pending:
+                rows += [(i, child_params(s.params, c)) for c in range(s.params.n)]
+            else:
+                rows.append((i, s.params))
+        return rows
 
 
 def stop_reason(seq: Sequence, token_id: int, eos_token_id: int) -> str | None:
@@ -44,7 +66,8 @@ class Scheduler:
         self.max_num_seqs = min(max_num_seqs, own) if own else max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in admission order (forks join at the end)
+        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -53,18 +76,22 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def abort(self, request_id) -> Sequence | None:
-        """Stop a request wherever it is, and free everything it holds."""
+        """Stop a request wherever it is (every completion of it), and free everything it holds.
+
+        Returns the request's first sequence, or None if no unfinished sequence has that id."""
+        root = None
         for queue in (self.waiting, self.running):
             for seq in list(queue):
                 if seq.request_id == request_id:
                     queue.remove(seq)
                     self._finish(seq, "abort")
-                    return seq
-        return None
+                    seq.fork_pending = False
+                    root = seq.root
+        return root
 
     def schedule(self, now: float = 0.0) -> ScheduledBatch:
-        decodes = self.running[: self.max_num_seqs]
-        budget = Budget(max_seqs=self.max_num_seqs - len(decodes),
+        decodes, preempted = self._decodes()
+        budget = Budget(max_seqs=0 if preempted else self.max_num_seqs - len(decodes),
                         max_tokens=self.max_num_batched_tokens - len(decodes),
                         can_allocate=self.kv.can_allocate, now=now)
         admitted = list(self.policy.admit(tuple(self.waiting), tuple(decodes), budget))
@@ -81,6 +108,37 @@ class Scheduler:
         seqs = decodes + prefills
         return ScheduledBatch(seqs, [s.num_new_tokens for s in seqs])
 
+    def _decodes(self) -> tuple[list[Sequence], bool]:
+        """The running sequences that decode this step, each with a KV slot for the token it feeds.
+
+        Returns them and whether anything was preempted (then nothing new is admitted this step: the
+        memory is short).
+        """
+        if not hasattr(self.kv, "can_append"):  # a layout that reserved everything at admission
+            return self.running[: self.max_num_seqs], False
+        rest, decodes, preempted = list(self.running), [], False
+        while rest and len(decodes) < self.max_num_seqs:
+            seq = rest.pop(0)
+            while not self.kv.can_append(seq):
+                victim = rest.pop() if rest else seq  # the most recently admitted one still running
+                self.preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                self.kv.append_slot(seq)
+                decodes.append(seq)
+        return decodes, preempted
+
+    def preempt(self, seq: Sequence) -> None:
+        """Take a running sequence's KV memory back; it waits at the front of the queue to be recomputed."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.status, seq.num_cached_tokens = SequenceStatus.WAITING, 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
     def _check(self, admitted, budget: Budget) -> None:
         """A policy is a plug point: say exactly which rule its answer breaks."""
         name = type(self.policy).__name__
@@ -96,17 +154,31 @@ class Scheduler:
                                f"step (max_num_batched_tokens={self.max_num_batched_tokens})")
 
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Sequence]:
-        """Append each sequence's sampled token; return the sequences that finished in this step."""
-        finished = []
-        for seq, n, tok in zip(batch.seqs, batch.num_new_tokens, token_ids):
+        """Append each sampled token; return the sequences that finished in this step.
+
+        ``token_ids`` has one token per row of ``batch.sample_rows()``: a sequence whose prefill
+        forks its request's other completions brings n of them, the others one.
+        """
+        finished, tokens = [], iter(token_ids)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_cached_tokens += n
             seq.tokens_processed += n
-            seq.token_ids.append(int(tok))
-            reason = stop_reason(seq, int(tok), self.eos_token_id)
-            if reason is not None:
-                self.running.remove(seq)
-                self._finish(seq, reason)
-                finished.append(seq)
+            completions = [seq]
+            if seq.fork_pending:  # its prompt is cached: the other completions share it from here
+                seq.fork_pending = False
+                for i in range(1, seq.params.n):
+                    child = seq.fork(i, child_params(seq.params, i))
+                    self.kv.fork(seq, child)
+                    self.running.append(child)
+                    completions.append(child)
+            for s in completions:
+                tok = int(next(tokens))
+                s.token_ids.append(tok)
+                reason = stop_reason(s, tok, self.eos_token_id)
+                if reason is not None:
+                    self.running.remove(s)
+                    self._finish(s, reason)
+                    finished.append(s)
         return finished
 
     def _finish(self, seq: Sequence, reason: str) -> None:

@@ -8,7 +8,7 @@ from ..sampling import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
-    WAITING = "waiting"    # queued; holds no KV memory
+    WAITING = "waiting"    # queued (or preempted and requeued); holds no KV memory
     RUNNING = "running"    # admitted; owns KV memory and decodes one token per step
     FINISHED = "finished"  # stopped (end-of-text, max_tokens or abort); its KV memory is freed
 
@@ -37,6 +37,38 @@ class Sequence:
         self.arrival_time = arrival_time
         self.kv = None  # the KV plug's handle, while RUNNING
         self.logits: list | None = None  # the chosen rows, when the engine keeps them
+        # SamplingParams(n > 1): this sequence is completion 0; after its prefill the engine forks
+        # completions 1 .. n-1 from it (``fork``), which share its prompt's KV blocks.
+        self.child_index = 0
+        self.fork_pending = params.n > 1
+        self.children: list[Sequence] = []
+        self.parent: Sequence | None = None
+        self.num_preemptions = 0  # times its KV memory was taken back and its tokens recomputed
+
+    def fork(self, index: int, params: SamplingParams) -> "Sequence":
+        """Completion ``index`` of this request: the same tokens so far, its own params, the same request_id."""
+        child = Sequence(self.prompt_token_ids, params, self.request_id, self.arrival_time)
+        child.token_ids = list(self.token_ids)
+        child.num_cached_tokens, child.status, child.child_index = self.num_cached_tokens, self.status, index
+        child.parent = self
+        self.children.append(child)
+        return child
+
+    @property
+    def completions(self) -> list["Sequence"]:
+        """Every completion of the request, in index order: this one, then its forks."""
+        return [self] + self.children
+
+    @property
+    def root(self) -> "Sequence":
+        """The sequence the request started as (completion 0)."""
+        return self if self.parent is None else self.parent
+
+    @property
+    def request_finished(self) -> bool:
+        """Every completion of this sequence's request has finished (none is still to be forked)."""
+        root = self.root
+        return not root.fork_pending and all(s.is_finished for s in root.completions)
 
     @property
     def prompt_token_ids(self) -> list[int]:

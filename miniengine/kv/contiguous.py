@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import RaggedBatch, attention
+from .pool_backend import PoolBackend, gather_slots
 
 
 class KVArena:
@@ -112,79 +112,45 @@ class KVCache:
         self.arena.release(self.start)
 
 
-class _AttentionGroup:
-    """A run of consecutive sequences of a step, laid out as one padded grid for one attention call."""
-
-    def __init__(self, arena, caches, new_tokens, rows: slice):
-        device = arena.k.device
-        self.rows, self.layout = rows, RaggedBatch(new_tokens, device)
-        lengths = [c.length for c in caches]
-        history = torch.tensor(lengths, device=device)
-        starts = torch.tensor([c.start for c in caches], device=device)
-        positions = history[:, None] + self.layout.query_index  # [B, Tq]
-        self.positions = self.layout.unpad(positions)  # [T], sequence after sequence
-        self.slot_mapping = self.layout.unpad(starts[:, None] + positions)  # where each new token's K/V goes
-        num_keys = max(n0 + n for n0, n in zip(lengths, new_tokens))
-        keys = torch.arange(num_keys, device=device)
-        self.gather = (starts[:, None] + keys[None, :]).clamp_(max=arena.num_slots - 1)  # [B, num_keys]
-        self.gather_rows = self.gather.flatten()
-        self.visible = self.layout.causal_visible(history, num_keys)
-
-    def attend(self, kc, vc, q):
-        # index_select of whole rows of a 2-D view is a row memcpy, several times faster than kc[self.gather]
-        shape = tuple(self.gather.shape) + tuple(kc.shape[1:])  # [B, num_keys, kv_heads, head_dim]
-        history_k = kc.flatten(1).index_select(0, self.gather_rows).view(shape)
-        history_v = vc.flatten(1).index_select(0, self.gather_rows).view(shape)
-        L = self.layout
-        return L.unpad(attention(L.pad(q[self.rows]), history_k, history_v, self.visible))
-
-
-class CachedBackend:
+class CachedBackend(PoolBackend):
     """Attention for a ragged batch whose sequences each own a :class:`KVCache` in one arena.
 
     The step's flattened tokens are, for each sequence in order, ``new_tokens[i]``
     tokens that continue at position ``caches[i].length``: the whole prompt in
     prefill, one token in decode.  In every layer, one scatter writes their K/V,
     one gather reads the histories, and one attention call serves a whole group
-    of sequences.  The scheduler puts decodes before prefills; the decodes then
-    form a group of their own, so that their single queries are not padded to
-    the length of the longest prompt in the step (selective batching).
-    ``advance()`` moves each cache's length on after the pass.
+    of sequences (miniengine/kv/pool_backend.py).  Position p of a sequence lives
+    in slot ``start + p`` of its reservation.  ``advance()`` moves each cache's
+    length on after the pass.
     """
 
     def __init__(self, caches: list[KVCache], new_tokens: list[int]):
-        self.caches, self.new_tokens = list(caches), [int(n) for n in new_tokens]
+        self.caches = list(caches)
         arenas = {id(c.arena) for c in self.caches}
         if len(arenas) != 1:
             raise ValueError(f"CachedBackend serves caches of one KVArena, got caches from {len(arenas)} arenas")
         self.arena = self.caches[0].arena
+        self._starts = torch.tensor([c.start for c in self.caches], device=self.arena.k.device)
+        PoolBackend.__init__(self, self.arena.k, self.arena.v, [c.length for c in self.caches], new_tokens)
         self._overflow = next((f"KV cache overflow: writing positions [{c.length}, {c.length + n}) into a cache of "
                                f"max_len={c.max_len}" for c, n in zip(self.caches, self.new_tokens)
                                if c.length + n > c.max_len), None)
-        decodes = next((i for i, n in enumerate(self.new_tokens) if n != 1), len(self.new_tokens))
-        cuts = [0, decodes, len(self.caches)] if 0 < decodes < len(self.caches) else [0, len(self.caches)]
-        self.groups, row = [], 0
-        for lo, hi in zip(cuts, cuts[1:]):
-            n = sum(self.new_tokens[lo:hi])
-            self.groups.append(_AttentionGroup(self.arena, self.caches[lo:hi], self.new_tokens[lo:hi], slice(row, row + n)))
-            row += n
-        self._positions = torch.cat([g.positions for g in self.groups])
-        self.slot_mapping = torch.cat([g.slot_mapping for g in self.groups])
+        for g in self.groups:
+            keys = torch.arange(g.num_keys, device=self._starts.device).expand(g.hi - g.lo, -1)
+            g.key_slots = self.slots(g, keys)
 
-    def positions(self, device=None) -> torch.Tensor:
-        return self._positions if device is None else self._positions.to(device)
+    def slots(self, group, positions):
+        # Padded keys past a short reservation point at real (masked-out) slots, never past the arena.
+        return (self._starts[group.lo:group.hi, None] + positions).clamp_(max=self.arena.num_slots - 1)
 
-    def attend(self, layer, q, k, v):
+    def gather(self, cache, group):
+        return gather_slots(cache, group.key_slots)
+
+    def check(self):
         if self._overflow:
             raise ValueError(self._overflow)
-        kc, vc = self.arena.k[layer], self.arena.v[layer]  # [num_slots, kv_heads, head_dim]
-        kc.index_copy_(0, self.slot_mapping, k)
-        vc.index_copy_(0, self.slot_mapping, v)
-        outs = [g.attend(kc, vc, q) for g in self.groups]
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def advance(self) -> None:
-        """Called once after the forward pass: the new tokens' K/V are now stored in every layer."""
         for cache, n in zip(self.caches, self.new_tokens):
             cache.length += n
 
