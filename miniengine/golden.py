@@ -29,7 +29,7 @@ import numpy as np
 from .model import load_model
 from .paths import GOLDEN, REPO_ROOT, TARGET
 from .reference import naive_generate
-from .sampling import SamplingParams, gumbel_noise, softmax, top_k_mask
+from .sampling import SamplingParams, child_params, gumbel_noise, softmax, top_k_mask
 from .tokenizer import load_tokenizer
 
 GAP = 1e-3
@@ -57,6 +57,11 @@ CASE_KINDS = {
     "top_p": dict(temperature=1.0, top_p=0.8),
     "combined": dict(temperature=0.7, top_k=40, top_p=0.9),
 }
+# SamplingParams(n=FORK_N) cases: the reference runs each completion on its own, with its derived seed
+# (miniengine.sampling.child_seed); an engine that forks after the prefill must match every one.
+FORK_N = 4
+FORK_PROMPTS = 3  # the first prompts of each file get an n > 1 case
+FORK_PARAMS = dict(temperature=0.8, top_k=40)
 VISIBLE_FILE = GOLDEN / "visible.json"
 HIDDEN_DIR = REPO_ROOT / "autograder" / "hidden"
 HIDDEN_FILE = HIDDEN_DIR / "golden.json"
@@ -167,6 +172,45 @@ def build_cases(model, tok, prompts: list[str], eos_id: int, seed_base: int = 0)
     return cases
 
 
+def build_fork_cases(model, tok, prompts: list[str], eos_id: int, seed_base: int = 0) -> list[dict]:
+    """One screened n=FORK_N case per prompt: every completion clears the margins, or the request's max_tokens
+    is cut before the first near-tie of any completion (all completions share one max_tokens)."""
+    cases = []
+    for pi, prompt in enumerate(prompts):
+        ids = tok.encode(prompt).ids
+        best = None  # (usable steps, params, completions)
+        for attempt in range(SEED_TRIES):
+            params = SamplingParams(max_tokens=MAX_TOKENS, seed=seed_base + 1000 * pi + 777 + attempt, n=FORK_N,
+                                    **FORK_PARAMS)
+            children = [child_params(params, i) for i in range(FORK_N)]
+            outs = naive_generate(model, [ids] * FORK_N, children, eos_id, return_logits=True)
+            bad = [first_unsafe_step(c, sp)[0] for c, sp in zip(outs, children)]
+            usable = min(MAX_TOKENS if b is None else b for b in bad)
+            if best is None or usable > best[0]:
+                best = (usable, params)
+            if usable == MAX_TOKENS:
+                break
+        usable, params = best
+        if usable < MIN_TOKENS:
+            print(f"  dropped the n={FORK_N} case for prompt {pi}: no screened run of {MIN_TOKENS}+ tokens")
+            continue
+        params = dataclasses.replace(params, max_tokens=usable)
+        children = [child_params(params, i) for i in range(FORK_N)]
+        outs = naive_generate(model, [ids] * FORK_N, children, eos_id, return_logits=True)
+        worst = [first_unsafe_step(c, sp)[1] for c, sp in zip(outs, children)]
+        cases.append({
+            "name": f"p{pi}-n{FORK_N}",
+            "prompt": prompt,
+            "prompt_token_ids": ids,
+            "params": {k: getattr(params, k) for k in ("temperature", "top_k", "top_p", "max_tokens", "seed", "n")},
+            "completions": [{"index": i, "seed": sp.seed, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+                            for i, (sp, c) in enumerate(zip(children, outs))],
+            "min_margins": {"gap": round(min(w["gap"] for w in worst), 6),
+                            "ambiguous": max(w["ambiguous"] for w in worst)},
+        })
+    return cases
+
+
 def build(model_dir: Path = TARGET) -> dict[Path, dict]:
     model = load_model(model_dir)
     tok = load_tokenizer(model_dir)
@@ -178,11 +222,14 @@ def build(model_dir: Path = TARGET) -> dict[Path, dict]:
         "eos_token_id": model.config.eos_token_id,
     }
     eos = model.config.eos_token_id
-    files = {VISIBLE_FILE: {**header, "cases": build_cases(model, tok, VISIBLE_PROMPTS, eos)}}
+    files = {VISIBLE_FILE: {**header, "cases": build_cases(model, tok, VISIBLE_PROMPTS, eos),
+                            "fork_cases": build_fork_cases(model, tok, VISIBLE_PROMPTS[:FORK_PROMPTS], eos)}}
     if HIDDEN_PROMPTS_FILE.exists():
         hidden = json.loads(HIDDEN_PROMPTS_FILE.read_text())["prompts"]
         # Seeds of their own, so that no hidden sampled run shares its noise with a visible one.
-        files[HIDDEN_FILE] = {**header, "cases": build_cases(model, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE)}
+        files[HIDDEN_FILE] = {**header, "cases": build_cases(model, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE),
+                              "fork_cases": build_fork_cases(model, tok, hidden[:FORK_PROMPTS], eos,
+                                                             seed_base=HIDDEN_SEED_BASE)}
     return files
 
 

@@ -6,77 +6,7 @@ import pytest
 
 from miniengine import EngineConfig, SamplingParams
 from miniengine.engine import ContinuousBatching, LLMEngine, StaticBatching, TraceRequest, replay
-from kv_checks import check_kv_accounting
-
-
-class VirtualClock:
-    """Time moves only when the engine looks at it (a fixed cost per call) or sleeps: runs are reproducible."""
-
-    def __init__(self, tick=0.01):
-        self.t, self.tick = 0.0, tick
-
-    def __call__(self):
-        self.t += self.tick
-        return self.t
-
-    def sleep(self, seconds):
-        self.t += max(0.0, seconds)
-
-
-class Invariants:
-    """Wraps an engine's scheduler and checks the invariants after every step."""
-
-    def __init__(self, engine):
-        self.engine, self.sched = engine, engine.scheduler
-        self.added, self.finished, self.steps, self.waited = [], set(), 0, {}
-        add, schedule, postprocess = engine.add_request, self.sched.schedule, self.sched.postprocess
-
-        def add_request(*a, **k):
-            seq = add(*a, **k)
-            self.added.append(seq)
-            return seq
-
-        def checked_schedule(now=0.0):
-            self.head = [s.seq_id for s in self.sched.waiting]
-            batch = schedule(now)
-            self.batch = batch
-            return batch
-
-        def checked_postprocess(batch, tokens):
-            done = postprocess(batch, tokens)
-            self.check(batch, done)
-            return done
-
-        engine.add_request, self.sched.schedule, self.sched.postprocess = add_request, checked_schedule, checked_postprocess
-
-    def check(self, batch, done):
-        s, c = self.sched, self.engine.config
-        self.steps += 1
-        live = [q.seq_id for q in s.waiting] + [q.seq_id for q in s.running]
-        assert len(live) == len(set(live)), "a request is queued twice"
-        self.finished |= {q.seq_id for q in done}
-        assert not self.finished & set(live), "a finished request is still queued"
-        assert set(live) | self.finished == {q.seq_id for q in self.added}, "a request was lost"
-        assert len(batch.seqs) <= min(c.max_num_seqs, getattr(s.policy, "max_num_seqs", None) or c.max_num_seqs)
-        assert batch.num_tokens <= c.max_num_batched_tokens
-        for q in batch.seqs:  # a request leaves exactly at the step whose token stops it
-            last, p = q.token_ids[-1], q.params
-            stops = (last == s.eos_token_id and not p.ignore_eos) or len(q.output_token_ids) >= p.max_tokens
-            assert stops == q.is_finished == (q in done), q
-        prefilled = [q.seq_id for q in batch.seqs if q.seq_id in self.head]  # waiting before, running now
-        assert prefilled == self.head[:len(prefilled)], "a later request was admitted before an earlier one"
-        assert [q.seq_id for q in s.waiting] == sorted(q.seq_id for q in s.waiting), "the waiting queue lost its order"
-        check_kv_accounting(self.engine.kv, s.running, f"step {self.steps}")
-        for q in s.waiting:
-            self.waited[q.seq_id] = self.waited.get(q.seq_id, 0) + 1
-
-
-def poisson_trace(cases, rate, seed):
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1 / rate, len(cases)))
-    order = rng.permutation(len(cases))
-    return [TraceRequest(float(a), cases[i]["prompt_token_ids"], SamplingParams(**cases[i]["params"]), request_id=int(i))
-            for a, i in zip(arrivals, order)]
+from scheduler_checks import Invariants, VirtualClock, poisson_trace
 
 
 def serve(cases, policy, seed=0, rate=20.0, **budgets):

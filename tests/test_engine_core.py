@@ -10,7 +10,7 @@ from miniengine.engine import FCFSPolicy
 from miniengine.kv import PerSequenceKV
 from miniengine.layers.sampler import PerRowSampler
 from miniengine.sampling import gumbel_noise
-from kv_checks import kv_tokens_held
+from scheduler_checks import kv_tokens_held
 
 
 def params_of(case):

@@ -12,7 +12,8 @@ Memory pressure (a KV layout that grows sequences block by block, such as the
 paged one, has ``can_append``/``append_slot``): before a decode step every
 running sequence needs a slot for the token it feeds.  When no block is free,
 the most recently admitted running sequence is preempted by recompute: its
-blocks are freed, and it goes back to the front of the waiting queue, to be
+blocks are freed, and it goes back to the front of the waiting queue (ahead of
+every request never admitted, in arrival order with other preempted ones), to be
 prefilled again later over its prompt *and* the tokens it had generated
 (vLLM's default; Kwon et al., 2023, section 4.5).  Its keyed sampling noise
 makes the recomputed run choose the same tokens.
@@ -55,6 +56,11 @@ def stop_reason(seq: Sequence, token_id: int, eos_token_id: int) -> str | None:
     if len(seq.output_token_ids) >= seq.params.max_tokens:
         return "length"
     return None
+
+
+def fcfs_key(seq: Sequence) -> tuple[int, int]:
+    """First-come first-served order: by the request's arrival (its first sequence's id), then completion index."""
+    return seq.root.seq_id, seq.child_index
 
 
 class Scheduler:
@@ -137,7 +143,11 @@ class Scheduler:
         seq.status, seq.num_cached_tokens = SequenceStatus.WAITING, 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        # Ahead of every request never admitted, behind preempted ones that arrived earlier: FCFS by arrival.
+        i = 0
+        while i < len(self.waiting) and fcfs_key(self.waiting[i]) < fcfs_key(seq):
+            i += 1
+        self.waiting.insert(i, seq)
 
     def _check(self, admitted, budget: Budget) -> None:
         """A policy is a plug point: say exactly which rule its answer breaks."""
