@@ -7,7 +7,7 @@ import torch
 from miniengine import LLM, SamplingParams
 from miniengine.attention import causal_attention
 from miniengine.engine import FCFSPolicy
-from miniengine.kv import PerSequenceKV
+from miniengine.kv import PagedKV, PerSequenceKV
 from miniengine.layers.sampler import PerRowSampler
 from miniengine.sampling import gumbel_noise
 from scheduler_checks import kv_tokens_held
@@ -137,6 +137,78 @@ class LoopBackend:
 def test_kv_plug_point(all_cases):
     llm = LLM(kv=PerSequenceKV(LoopCache, LoopBackend, LLM().model.config, torch.float32, "cpu"))
     check_golden(llm, all_cases[::2])
+
+
+class DictBlockManager:
+    """A block manager written apart from miniengine.kv.block_manager: a set of free blocks handed out
+    highest first, counts in a dict, tables on a dict by seq_id."""
+
+    def __init__(self, num_blocks, block_size):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.unused, self.count, self.block_tables = set(range(num_blocks)), {}, {}
+
+    def _new(self):
+        b = max(self.unused)
+        self.unused.remove(b)
+        self.count[b] = 1
+        return b
+
+    def can_allocate(self, seq):
+        return -(-seq.num_tokens // self.block_size) <= len(self.unused)
+
+    def allocate(self, seq):
+        self.block_tables[seq.seq_id] = [self._new() for _ in range(-(-seq.num_tokens // self.block_size))]
+
+    def can_append(self, seq):
+        t = self.block_tables[seq.seq_id]
+        grow = seq.num_tokens > len(t) * self.block_size
+        shared = not grow and self.count[t[(seq.num_tokens - 1) // self.block_size]] > 1
+        return not (grow or shared) or bool(self.unused)
+
+    def append_slot(self, seq):
+        t = self.block_tables[seq.seq_id]
+        if seq.num_tokens > len(t) * self.block_size:
+            t.append(self._new())
+            return None
+        i = (seq.num_tokens - 1) // self.block_size
+        if self.count[t[i]] == 1:
+            return None
+        old, t[i] = t[i], self._new()
+        self.count[old] -= 1
+        return old, t[i]
+
+    def fork(self, parent, child):
+        self.block_tables[child.seq_id] = list(self.block_tables[parent.seq_id])
+        for b in self.block_tables[child.seq_id]:
+            self.count[b] += 1
+
+    def free(self, seq):
+        for b in self.block_tables.pop(seq.seq_id):
+            self.count[b] -= 1
+            if self.count[b] == 0:
+                self.unused.add(b)
+
+
+def loop_gather(cache, block_tables, num_keys):
+    """Sequence by sequence, position by position."""
+    bs = cache.shape[1]
+    return torch.stack([torch.stack([cache[int(t[j // bs]), j % bs] for j in range(num_keys)]) for t in block_tables])
+
+
+def test_block_manager_and_gather_plug_points(all_cases, golden, hidden_golden):
+    """Both paged plug points replaced, under memory pressure (preemptions), with n > 1 forks."""
+    cfg = LLM().model.config
+    need = sum(len(c["prompt_token_ids"]) + c["params"]["max_tokens"] for c in all_cases[::3])
+    blocks = need // 4 // 8
+    llm = LLM(kv=PagedKV(cfg, blocks, 8, block_manager=DictBlockManager(blocks, 8), gather=loop_gather))
+    cases = all_cases[::3]
+    outs = llm.generate([c["prompt_token_ids"] for c in cases], [params_of(c) for c in cases])
+    assert [o.token_ids for o in outs] == [c["token_ids"] for c in cases]  # (recompute adds to tokens_processed)
+    assert llm.engine.scheduler.num_preemptions > 0
+    forks = golden["fork_cases"] + hidden_golden["fork_cases"]
+    outs = llm.generate([c["prompt_token_ids"] for c in forks], [params_of(c) for c in forks])
+    for out, c in zip(outs, forks):
+        assert [o.token_ids for o in out.outputs] == [w["token_ids"] for w in c["completions"]], c["name"]
 
 
 class OnePrefillPerStep:
