@@ -179,10 +179,13 @@ def serve(args) -> int:
         engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))  # warm-up
         while engine.has_unfinished_requests():
             engine.step()
+        steps = []  # sequences that got a token at each step: how full the batch really was
+        step = engine.step
+        engine.step = lambda: steps.append(len(out := step())) or out
         results = replay(engine, trace)
         tokens[name] = [r.seq.output_token_ids for r in results]
         s = metrics.summarize([r.timeline for r in results])
-        rows.append((name, s))
+        rows.append((name, {**s, "seqs_per_step": sum(steps) / max(1, len(steps))}))
     same = all(t == tokens[rows[0][0]] for t in tokens.values())
     # The hardware's own ceiling for the ratio: a decode step with every seat full against a batch-1 step.
     full, single = (decode_step_tok_s(model, b, trace[0].prompt_token_ids) for b in (args.max_num_seqs, 1))
@@ -190,10 +193,10 @@ def serve(args) -> int:
           f"{args.seed}), prompts ~32 and outputs ~{args.mean_new_tokens} tokens (lognormal, sigma {args.output_sigma}), "
           f"greedy, "
           f"torch threads {torch.get_num_threads()}, wall clock")
-    print(f"{'policy':<26} {'tokens/s':>9} {'TTFT P50':>9} {'TTFT P99':>9} {'TPOT P50':>9}")
+    print(f"{'policy':<26} {'tokens/s':>9} {'TTFT P50':>9} {'TTFT P99':>9} {'TPOT P50':>9} {'seqs/step':>10}")
     for name, s in rows:
         print(f"{name:<26} {s['throughput_tok_s']:>9.1f} {s['ttft_p50_s']:>8.2f}s {s['ttft_p99_s']:>8.2f}s "
-              f"{1e3 * s['tpot_p50_s']:>7.1f}ms")
+              f"{1e3 * s['tpot_p50_s']:>7.1f}ms {s['seqs_per_step']:>10.1f}")
     print(f"same tokens under every policy: {same}")
     print(f"ceiling on this machine: a decode step with all {args.max_num_seqs} seats full gives {full:.0f} tok/s, "
           f"batch 1 gives {single:.0f} tok/s ({full / single:.1f}x); arrivals, prefills and the longest outputs "
