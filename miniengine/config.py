@@ -36,6 +36,12 @@ class EngineConfig:
     sampler: object = None
     kv: object = None
     scheduling_policy: object = None
+    # Speculative decoding (milestone 6): a draft model (a directory, a shipped model's name, or a loaded Llama)
+    # drafts num_speculative_tokens tokens per step; the verifier is "coupled" (the same tokens as plain
+    # decoding) or "rejection" (rejection sampling: the same distribution).
+    speculative_model: object = None
+    num_speculative_tokens: int = 0
+    speculative_verifier: str = "coupled"
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -47,6 +53,16 @@ class EngineConfig:
         if self.kv_layout == "paged" and self.kv_cache_tokens < self.block_size:
             raise ValueError(f"kv_cache_tokens must be >= block_size={self.block_size} (at least one block), "
                              f"got {self.kv_cache_tokens}")
+        if self.speculative_model is not None:
+            _positive_int("num_speculative_tokens", self.num_speculative_tokens)
+            if self.speculative_verifier not in ("coupled", "rejection"):
+                raise ValueError(f"speculative_verifier must be 'coupled' or 'rejection', got {self.speculative_verifier!r}")
+            if self.sampler is not None:
+                raise ValueError("sampler must be None with a speculative_model: the verifiers sample with the course's "
+                                 "keyed sampler, which the draft's tokens are checked against")
+        elif self.num_speculative_tokens:
+            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens!r} needs a speculative_model "
+                             f"(a draft model), got none")
         if self.sampler is not None and not callable(self.sampler):
             raise ValueError(f"sampler must be callable as sampler(logits, params, positions), got {type(self.sampler).__name__}")
         if self.scheduling_policy is not None and not callable(getattr(self.scheduling_policy, "admit", None)):

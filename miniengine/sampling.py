@@ -70,15 +70,27 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     return dataclasses.replace(params, seed=child_seed(params.seed, index), n=1)
 
 
-def gumbel_noise(seed: int, position: int, vocab_size: int) -> np.ndarray:
-    """Gumbel(0, 1) noise for one token, keyed by (seed, absolute position).
+# Independent keyed streams for one (seed, position).  The sampler uses stream 0; speculative sampling's
+# rejection verifier draws its draft tokens, its accept/reject coins and its residual samples from the others,
+# so that none of them reuses the target sampler's numbers.
+STREAM_SAMPLE, STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2, 3
+
+
+def keyed_uniform(seed: int, position: int, size: int, stream: int = STREAM_SAMPLE) -> np.ndarray:
+    """Uniform [0, 1) numbers keyed by (seed, absolute position, stream).
 
     Philox is a counter-based generator: the key alone fixes the stream, so no
     state is shared between requests or carried from one step to the next.
+    Streams start at counters 2**64 apart, so they never overlap.
     """
     key = np.array([int(seed) & 0xFFFFFFFFFFFFFFFF, int(position)], dtype=np.uint64)
-    u = np.random.Generator(np.random.Philox(key=key)).random(vocab_size)
-    u = np.clip(u, np.finfo(np.float64).tiny, 1.0)  # random() can return exactly 0
+    counter = np.array([0, int(stream), 0, 0], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=key, counter=counter)).random(size)
+
+
+def gumbel_noise(seed: int, position: int, vocab_size: int, stream: int = STREAM_SAMPLE) -> np.ndarray:
+    """Gumbel(0, 1) noise for one token, keyed by (seed, absolute position) (and a stream, see above)."""
+    u = np.clip(keyed_uniform(seed, position, vocab_size, stream), np.finfo(np.float64).tiny, 1.0)  # never exactly 0
     return -np.log(-np.log(u))
 
 

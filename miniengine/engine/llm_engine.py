@@ -48,6 +48,24 @@ class LLMEngine:
                                    config.scheduling_policy)
         self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits)
         self.requests: dict = {}  # request_id -> Sequence, for the requests not finished yet
+        self.spec = self._speculative_decoder(config, dtype) if config.speculative_model is not None else None
+
+    def _speculative_decoder(self, config, dtype):
+        from ..spec.decoding import SpeculativeDecoder
+
+        missing = [m for m in ("truncate",) + (("cover", "can_cover") if hasattr(self.kv, "can_append") else ())
+                   if not hasattr(self.kv, m)]
+        if missing:
+            raise ValueError(f"speculative decoding rolls the KV cache back, but kv ({type(self.kv).__name__}) lacks "
+                             f"{', '.join(missing)}")
+        draft = config.speculative_model
+        if not isinstance(draft, torch.nn.Module):
+            draft = load_model(resolve_model_dir(draft), dtype=dtype, device=config.device)
+        if draft.config.vocab_size != self.model.config.vocab_size:
+            raise ValueError(f"the speculative_model's vocabulary ({draft.config.vocab_size} tokens) must be the "
+                             f"target's ({self.model.config.vocab_size})")
+        self.scheduler.num_speculative_tokens = config.num_speculative_tokens
+        return SpeculativeDecoder(self, draft, config.num_speculative_tokens, config.speculative_verifier)
 
     def _default_kv(self, cfg, dtype, device):
         c = self.config
@@ -114,10 +132,15 @@ class LLMEngine:
                 raise RuntimeError(f"the scheduling policy admitted no request while none is running, with "
                                    f"{len(self.scheduler.waiting)} waiting: the engine would stall")
             return []
-        forking = {s.seq_id for s in batch.seqs if s.fork_pending}
-        tokens = self.runner.run(batch)
-        for seq in self.scheduler.postprocess(batch, tokens):
+        if self.spec is not None and batch.num_decodes:
+            stepped, finished = self.spec.step(batch)
+        else:
+            forking = {s.seq_id for s in batch.seqs if s.fork_pending}
+            tokens = self.runner.run(batch)
+            finished = self.scheduler.postprocess(batch, tokens)
+            # A request that forked in this step got a token in every completion.
+            stepped = [c for s in batch.seqs for c in (s.completions if s.seq_id in forking else [s])]
+        for seq in finished:
             if seq.request_finished and seq.request_id in self.requests:
                 del self.requests[seq.request_id]  # finished: its id may be used again
-        # A request that forked in this step got a token in every completion.
-        return [c for s in batch.seqs for c in (s.completions if s.seq_id in forking else [s])]
+        return stepped

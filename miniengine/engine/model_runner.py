@@ -17,15 +17,22 @@ class ModelRunner:
         self.model, self.kv, self.sampler, self.keep_logits = model, kv, sampler, keep_logits
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[int]:
+    def forward(self, batch: ScheduledBatch, rows=None) -> torch.Tensor:
+        """Run the model over the batch's new tokens; the logits of ``rows`` of the flattened step
+        (default: the last token of each sequence)."""
         device = self.model.device
         ids = [t for s, n in zip(batch.seqs, batch.num_new_tokens) for t in s.token_ids[s.num_cached_tokens:s.num_cached_tokens + n]]
         input_ids = torch.tensor(ids, device=device)
         backend = self.kv.backend(batch.seqs, batch.num_new_tokens)
         positions = backend.positions(device)
-        logits_indices = torch.tensor(batch.num_new_tokens, device=device).cumsum(0) - 1
-        logits = self.model(input_ids, positions, backend, logits_indices=logits_indices)
+        if rows is None:
+            rows = torch.tensor(batch.num_new_tokens).cumsum(0) - 1
+        logits = self.model(input_ids, positions, backend, logits_indices=torch.as_tensor(rows, device=device))
         backend.advance()
+        return logits
+
+    def sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[int]:
+        """One token per row of ``batch.sample_rows()`` from each sequence's logits row."""
         if self.keep_logits:
             for s, row in zip(batch.seqs, logits.float().cpu()):
                 s.logits = [] if s.logits is None else s.logits
@@ -36,3 +43,6 @@ class ModelRunner:
         # The token a row chooses lands right after the sequence's last fed token.
         positions = [batch.seqs[i].num_cached_tokens + batch.num_new_tokens[i] for i, _ in rows]
         return self.sampler(logits, [p for _, p in rows], positions)
+
+    def run(self, batch: ScheduledBatch) -> list[int]:
+        return self.sample(batch, self.forward(batch))

@@ -32,6 +32,7 @@ from .sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]  # tokens each sequence feeds in this step
+    num_decodes: int = 0       # the first num_decodes sequences were running before this step
 
     @property
     def num_tokens(self) -> int:
@@ -74,6 +75,12 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order (forks join at the end)
         self.num_preemptions = 0
+        self.num_speculative_tokens = 0  # set by a speculative engine: KV slots each decode needs ahead
+
+    def lookahead(self, seq: Sequence) -> int:
+        """Drafted tokens a decode may verify this step: never more than it may still emit, minus one."""
+        left = seq.params.max_tokens - len(seq.output_token_ids)
+        return max(0, min(self.num_speculative_tokens, left - 1))
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -98,7 +105,7 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> ScheduledBatch:
         decodes, preempted = self._decodes()
         budget = Budget(max_seqs=0 if preempted else self.max_num_seqs - len(decodes),
-                        max_tokens=self.max_num_batched_tokens - len(decodes),
+                        max_tokens=self.max_num_batched_tokens - sum(1 + self.lookahead(s) for s in decodes),
                         can_allocate=self.kv.can_allocate, now=now)
         admitted = list(self.policy.admit(tuple(self.waiting), tuple(decodes), budget))
         self._check(admitted, budget)
@@ -112,7 +119,7 @@ class Scheduler:
             self.running.append(seq)
             prefills.append(seq)
         seqs = decodes + prefills
-        return ScheduledBatch(seqs, [s.num_new_tokens for s in seqs])
+        return ScheduledBatch(seqs, [s.num_new_tokens for s in seqs], len(decodes))
 
     def _decodes(self) -> tuple[list[Sequence], bool]:
         """The running sequences that decode this step, each with a KV slot for the token it feeds.
@@ -125,16 +132,27 @@ class Scheduler:
         rest, decodes, preempted = list(self.running), [], False
         while rest and len(decodes) < self.max_num_seqs:
             seq = rest.pop(0)
-            while not self.kv.can_append(seq):
+            while not self._can_grow(seq):
                 victim = rest.pop() if rest else seq  # the most recently admitted one still running
                 self.preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
             else:
-                self.kv.append_slot(seq)
+                self._grow(seq)
                 decodes.append(seq)
         return decodes, preempted
+
+    def _can_grow(self, seq: Sequence) -> bool:
+        ahead = self.lookahead(seq)
+        return self.kv.can_cover(seq, seq.num_tokens + ahead) if ahead else self.kv.can_append(seq)
+
+    def _grow(self, seq: Sequence) -> None:
+        ahead = self.lookahead(seq)
+        if ahead:
+            self.kv.cover(seq, seq.num_tokens + ahead)
+        else:
+            self.kv.append_slot(seq)
 
     def preempt(self, seq: Sequence) -> None:
         """Take a running sequence's KV memory back; it waits at the front of the queue to be recomputed."""
@@ -163,15 +181,17 @@ class Scheduler:
             raise RuntimeError(f"{name}.admit returned {tokens} prompt tokens, but only {budget.max_tokens} fit in this "
                                f"step (max_num_batched_tokens={self.max_num_batched_tokens})")
 
-    def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Sequence]:
+    def postprocess(self, batch: ScheduledBatch, token_ids: list) -> list[Sequence]:
         """Append each sampled token; return the sequences that finished in this step.
 
-        ``token_ids`` has one token per row of ``batch.sample_rows()``: a sequence whose prefill
-        forks its request's other completions brings n of them, the others one.
+        ``token_ids`` has one entry per row of ``batch.sample_rows()``: a sequence whose prefill
+        forks its request's other completions brings n of them, the others one.  A speculative
+        decode's entry is the list of tokens its verifier emitted (the accepted drafts, then the
+        target's own): they are appended one by one, the stop rule checked after each, and only the
+        fed tokens they confirm stay cached (the caller rolls the KV memory back to match).
         """
         finished, tokens = [], iter(token_ids)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_cached_tokens += n
             seq.tokens_processed += n
             completions = [seq]
             if seq.fork_pending:  # its prompt is cached: the other completions share it from here
@@ -182,13 +202,20 @@ class Scheduler:
                     self.running.append(child)
                     completions.append(child)
             for s in completions:
-                tok = int(next(tokens))
-                s.token_ids.append(tok)
-                reason = stop_reason(s, tok, self.eos_token_id)
-                if reason is not None:
-                    self.running.remove(s)
-                    self._finish(s, reason)
-                    finished.append(s)
+                out = next(tokens)
+                speculative = isinstance(out, (list, tuple))
+                emitted = [int(t) for t in out] if speculative else [int(out)]
+                # A speculative decode fed its last token and the drafts; the ones its emitted tokens confirm
+                # (the last token and the accepted drafts, as many as it emitted) keep their K/V.
+                s.num_cached_tokens += len(emitted) if speculative else n
+                for tok in emitted:
+                    s.token_ids.append(tok)
+                    reason = stop_reason(s, tok, self.eos_token_id)
+                    if reason is not None:
+                        self.running.remove(s)
+                        self._finish(s, reason)
+                        finished.append(s)
+                        break
         return finished
 
     def _finish(self, seq: Sequence, reason: str) -> None:

@@ -24,6 +24,8 @@ The interface (Lab 05 writes a class with these methods)::
                                    copy-on-write, else None
     fork(parent, child)            child's table = parent's, every block's count + 1
     free(seq)                      drop seq's table; blocks whose count reaches 0 are free again
+    truncate(seq, num_tokens)      (speculative decoding's rollback) keep the blocks of positions
+                                   [0, num_tokens), give the ones after back
 
 Tables are kept here, keyed by ``seq.seq_id``: ``block_tables[seq.seq_id]``.
 """
@@ -105,3 +107,9 @@ class BlockManager:
     def free(self, seq) -> None:
         for block in self.block_tables.pop(seq.seq_id, []):
             self._release(block)
+
+    def truncate(self, seq, num_tokens: int) -> None:
+        table = self.block_tables[seq.seq_id]
+        keep = blocks_needed(num_tokens, self.block_size)
+        while len(table) > keep:
+            self._release(table.pop())

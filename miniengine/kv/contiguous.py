@@ -180,5 +180,9 @@ class ContiguousKV:
         seq.kv.free()
         seq.kv = None
 
+    def truncate(self, seq, num_positions: int) -> None:
+        """Forget every position from ``num_positions`` on (a rejected draft's K/V): the reservation stays."""
+        seq.kv.length = min(seq.kv.length, num_positions)
+
     def backend(self, seqs, new_tokens) -> CachedBackend:
         return CachedBackend([s.kv for s in seqs], new_tokens)

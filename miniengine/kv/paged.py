@@ -70,6 +70,13 @@ class PagedBackend(PoolBackend):
             raise ValueError(self._short)
 
 
+class _Ahead:
+    """A sequence as the block manager sees it, ``num_tokens`` long: for covering positions ahead of it."""
+
+    def __init__(self, seq_id, num_tokens):
+        self.seq_id, self.num_tokens = seq_id, num_tokens
+
+
 class PagedKV:
     """The paged KV plug: a :class:`BlockManager` for the bookkeeping, a block pool for the tensors.
 
@@ -117,6 +124,25 @@ class PagedKV:
             for pool in (self.pool_k, self.pool_v):  # every layer at once
                 pool[:, dst * bs:(dst + 1) * bs] = pool[:, src * bs:(src + 1) * bs]
             self.copies += 1
+
+    def cover(self, seq, num_positions: int) -> None:
+        """Make seq's table cover ``num_positions`` positions, all writable from seq.num_tokens - 1 on
+        (speculative decoding writes drafted tokens past the end): ``append_slot`` one position at a time."""
+        for n in range(max(seq.num_tokens, 1), num_positions + 1):
+            self.append_slot(_Ahead(seq.seq_id, n))
+
+    def can_cover(self, seq, num_positions: int) -> bool:
+        bm, bs = self.block_manager, self.block_size
+        table = bm.block_tables[seq.seq_id]
+        need = max(0, blocks_needed(num_positions, bs) - len(table))
+        last = (seq.num_tokens - 1) // bs
+        if last < len(table) and bm.ref_count[table[last]] > 1:
+            need += 1  # its first write copies the shared block
+        return need <= bm.num_free_blocks
+
+    def truncate(self, seq, num_positions: int) -> None:
+        """Forget every position from ``num_positions`` on (a rejected draft's K/V); whole blocks go back."""
+        self.block_manager.truncate(seq, num_positions)
 
     def fork(self, parent, child) -> None:
         self.block_manager.fork(parent, child)
