@@ -59,7 +59,9 @@ class PagedBackend(PoolBackend):
 
     def slots(self, group, positions):
         tables = self.block_tables[group.lo:group.hi]
-        return tables.gather(1, positions // self.block_size) * self.block_size + positions % self.block_size
+        # Padding cells of the grid may point past a short table: any real block will do, they are dropped.
+        blocks = (positions // self.block_size).clamp_(max=tables.shape[1] - 1)
+        return tables.gather(1, blocks) * self.block_size + positions % self.block_size
 
     def gather(self, cache, group):
         blocks = cache.view(self.kv.num_blocks, self.block_size, *cache.shape[1:])
