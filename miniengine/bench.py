@@ -4,6 +4,7 @@
     python -m miniengine bench batch  [--batches 1 4 16 64 --device cpu]   (needs the `hf` extra)
     python -m miniengine bench serve  [--requests 64 --rate 200 --seed 0]
     python -m miniengine bench kv     [--requests 200 --kv-tokens 65536 --block-size 16 --max-tokens 2048]
+    python -m miniengine bench spec   [--prompts 4 --new-tokens 64 --gammas 1 2 4 8]
 
 Speed claims live here, not in tests: this machine is shared and noisy, so a
 ratio of medians taken in the same run is the number worth quoting.
@@ -229,6 +230,68 @@ def kv(args) -> int:
     return 0
 
 
+DRAFTS = {"shipped": "draft", "distilled": "draft-distilled"}
+
+
+def spec(args) -> int:
+    """Speculative decoding at batch 1: alpha, tokens per target call against theory, wall-clock speedup."""
+    from . import paths
+    from .llm import LLM
+    from .roofline import GPUS, llama3_8b, llama3_70b
+    from .spec.theory import expected_tokens_per_call, paper_gpu_speedup
+
+    model_dir = resolve_model_dir("target")
+    prompts = batch_prompts(load_tokenizer(model_dir), args.prompts, args.prompt_tokens)
+    modes = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_k=40)}
+
+    def params(mode, i):
+        return SamplingParams(max_tokens=args.new_tokens, ignore_eos=True, seed=i, **modes[mode])
+
+    def serve(llm, mode):  # one request at a time: batch 1
+        t0 = time.perf_counter()
+        outs = [llm.generate([p], params(mode, i))[0].token_ids for i, p in enumerate(prompts)]
+        return time.perf_counter() - t0, outs
+
+    plain = LLM(model_dir)
+    serve(plain, "greedy")  # warm-up
+    base = {m: min(serve(plain, m) for _ in range(args.runs)) for m in modes}  # the fastest of a few runs
+    drafts = {name: d for name, d in DRAFTS.items() if (paths.MODELS / d / "config.json").exists()}
+    rows = []
+    for name, draft in drafts.items():
+        for verifier in ("coupled", "rejection"):
+            for mode in modes:
+                for gamma in args.gammas:
+                    llm = LLM(model_dir, speculative_model=draft, num_speculative_tokens=gamma,
+                              speculative_verifier=verifier)
+                    seconds, outs = serve(llm, mode)
+                    sd = llm.engine.spec
+                    same = outs == base[mode][1]
+                    rows.append((name, verifier, mode, gamma, sd.alpha, sd.tokens_per_call,
+                                 expected_tokens_per_call(sd.alpha, gamma), base[mode][0] / seconds, same))
+    print(f"speculative decoding at batch 1: {args.prompts} prompts of {args.prompt_tokens} tokens, {args.new_tokens} new "
+          f"tokens each, sampled = temperature 0.8, top-k 40; wall speedup against plain decoding (fastest of "
+          f"{args.runs} runs), torch threads {torch.get_num_threads()}")
+    print(f"{'draft':<10} {'verifier':<10} {'mode':<8} {'γ':>2} {'alpha':>6} {'tok/call':>9} {'theory':>7} "
+          f"{'wall':>6}  same tokens as plain")
+    for name, verifier, mode, gamma, alpha, tpc, theory, wall, same in rows:
+        print(f"{name:<10} {verifier:<10} {mode:<8} {gamma:>2} {alpha:>6.2f} {tpc:>9.2f} {theory:>7.2f} "
+              f"{wall:>5.2f}x  {same}")
+    print("theory: (1 - alpha^(γ+1)) / (1 - alpha) with the measured alpha")
+    missing = [n for n in DRAFTS if n not in drafts]
+    if missing:
+        print(f"not built yet: the {', '.join(missing)} draft (data/models/{DRAFTS[missing[0]]})")
+    print("paper GPU (cost model, H100, batch 1, context 1024), Llama-3-70B verified, Llama-3-8B drafting:")
+    for alpha in (0.6, 0.7, 0.8, 0.9):
+        print(f"  alpha {alpha:.1f}: " + ", ".join(
+            f"γ={g} {paper_gpu_speedup(alpha, g, llama3_70b(), llama3_8b(), GPUS['H100']):.2f}x" for g in (2, 4, 8)))
+    best = "distilled" if "distilled" in drafts else "shipped"
+    row = next((r for r in rows if r[0] == best and r[2] == "greedy" and r[3] == 4), None)
+    if row is not None:
+        print(f"{best} draft, greedy, γ=4: alpha {row[4]:.2f}, tokens per target call {row[5]:.2f}, "
+              f"wall speedup {row[7]:.2f}x")
+    return 0 if all(r[8] for r in rows if r[1] == "coupled" or r[2] == "greedy") else 1
+
+
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="bench", required=True)
     d = sub.add_parser("decode", help="naive vs KV-cached decode on this CPU")
@@ -264,3 +327,10 @@ def add_arguments(p) -> None:
     k.add_argument("--max-num-seqs", type=int, default=256)
     k.add_argument("--seed", type=int, default=0)
     k.set_defaults(func=kv)
+    sp = sub.add_parser("spec", help="speculative decoding: alpha, tokens per target call, wall-clock speedup")
+    sp.add_argument("--prompts", type=int, default=4)
+    sp.add_argument("--prompt-tokens", type=int, default=32)
+    sp.add_argument("--new-tokens", type=int, default=64)
+    sp.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 4, 8])
+    sp.add_argument("--runs", type=int, default=3)
+    sp.set_defaults(func=spec)

@@ -38,7 +38,8 @@ class EngineConfig:
     scheduling_policy: object = None
     # Speculative decoding (milestone 6): a draft model (a directory, a shipped model's name, or a loaded Llama)
     # drafts num_speculative_tokens tokens per step; the verifier is "coupled" (the same tokens as plain
-    # decoding) or "rejection" (rejection sampling: the same distribution).
+    # decoding), "rejection" (rejection sampling: the same distribution), or a function with
+    # spec.verify.rejection_verify's signature (Lab 06), which gets the draft's distributions.
     speculative_model: object = None
     num_speculative_tokens: int = 0
     speculative_verifier: str = "coupled"
@@ -55,8 +56,9 @@ class EngineConfig:
                              f"got {self.kv_cache_tokens}")
         if self.speculative_model is not None:
             _positive_int("num_speculative_tokens", self.num_speculative_tokens)
-            if self.speculative_verifier not in ("coupled", "rejection"):
-                raise ValueError(f"speculative_verifier must be 'coupled' or 'rejection', got {self.speculative_verifier!r}")
+            if not callable(self.speculative_verifier) and self.speculative_verifier not in ("coupled", "rejection"):
+                raise ValueError(f"speculative_verifier must be 'coupled', 'rejection' or a function verify(target_logits, "
+                                 f"drafts, draft_probs, params, positions), got {self.speculative_verifier!r}")
             if self.sampler is not None:
                 raise ValueError("sampler must be None with a speculative_model: the verifiers sample with the course's "
                                  "keyed sampler, which the draft's tokens are checked against")

@@ -176,10 +176,67 @@ def test_rollback_frees_rejected_blocks_and_keeps_the_accepted_kv(golden):
     (dict(speculative_model="draft", num_speculative_tokens=0), r"num_speculative_tokens must be an integer >= 1, got 0"),
     (dict(num_speculative_tokens=4), r"num_speculative_tokens=4 needs a speculative_model"),
     (dict(speculative_model="draft", num_speculative_tokens=2, speculative_verifier="typical"),
-     r"speculative_verifier must be 'coupled' or 'rejection', got 'typical'"),
+     r"speculative_verifier must be 'coupled', 'rejection' or a function verify\(target_logits, drafts, draft_probs, "
+     r"params, positions\), got 'typical'"),
     (dict(speculative_model="draft", num_speculative_tokens=2, sampler=lambda l, p, s: [0] * len(p)),
      r"sampler must be None with a speculative_model"),
 ])
 def test_bad_speculative_settings_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LLM(**kwargs)
+
+
+def test_a_verifier_function_plugs_in_and_a_bad_answer_gets_a_clear_error(golden):
+    from miniengine.spec.verify import rejection_verify as course_verify
+    cases = golden["cases"][:10]
+    calls = []
+
+    def mine(target_logits, drafts, draft_probs, params, positions):
+        calls.append(len(drafts))
+        return course_verify(target_logits, drafts, draft_probs, params, positions)
+
+    llm = LLM(speculative_model="draft", num_speculative_tokens=3, speculative_verifier=mine)
+    greedy = [c for c in cases if c["params"]["temperature"] == 0]
+    check_cases(llm, greedy)
+    assert calls and max(calls) == 3
+
+    def wrong(target_logits, drafts, draft_probs, params, positions):
+        return [9999] + list(drafts)
+
+    llm = LLM(speculative_model="draft", num_speculative_tokens=3, speculative_verifier=wrong)
+    with pytest.raises(RuntimeError, match=r"a verifier's tokens before the last must be the accepted drafts"):
+        llm.generate([greedy[0]["prompt_token_ids"]], SamplingParams(**greedy[0]["params"]))
+
+
+def test_measured_tokens_per_call_follow_the_acceptance_rate(golden):
+    """With alpha measured as accepted over ruled-on drafts, tokens per target call sit near the geometric
+    prediction (the acceptances are not independent, so only roughly)."""
+    from miniengine.spec.theory import expected_tokens_per_call
+    cases = golden["cases"]
+    for gamma in (2, 4):
+        llm = LLM(speculative_model="draft", num_speculative_tokens=gamma, max_num_seqs=1)
+        check_cases(llm, cases)
+        sd = llm.engine.spec
+        assert 1 < sd.tokens_per_call <= gamma + 1
+        assert abs(sd.tokens_per_call - expected_tokens_per_call(sd.alpha, gamma)) < 0.35 * gamma
+
+
+def test_coupled_acceptance_lies_between_the_gumbel_coupling_bounds(models, golden):
+    """Shared Gumbel noise is a coupling of p and q, but not the maximal one: its agreement is at most
+    1 − TV(p, q) (what rejection sampling achieves) and at least (1 − TV) / (1 + TV)."""
+    from miniengine.attention import NoCacheBackend
+    from miniengine.sampling import sample_token
+    target, draft = models
+    ids = golden["cases"][2]["prompt_token_ids"]
+    x, pos = torch.tensor(ids), torch.arange(len(ids))
+    last = torch.tensor([len(ids) - 1])
+    with torch.no_grad():
+        t = target(x, pos, NoCacheBackend([len(ids)]), logits_indices=last)[0].numpy()
+        d = draft(x, pos, NoCacheBackend([len(ids)]), logits_indices=last)[0].numpy()
+    n = 4000
+    same = sum(sample_token(t, sp, len(ids)) == sample_token(d, sp, len(ids))
+               for sp in (SamplingParams(temperature=1.0, seed=s) for s in range(n))) / n
+    tv = 0.5 * np.abs(probs(t, SamplingParams()) - probs(d, SamplingParams())).sum()
+    se = 4 * np.sqrt(0.25 / n)
+    print(f"coupled agreement {same:.3f}; bounds [{(1 - tv) / (1 + tv):.3f}, {1 - tv:.3f}]")
+    assert (1 - tv) / (1 + tv) - se <= same <= 1 - tv + se

@@ -28,14 +28,29 @@ from .verify import coupled_verify, rejection_verify
 VERIFIERS = ("coupled", "rejection")
 
 
+def check_emitted(emitted, drafts) -> None:
+    """A verifier is a plug point: say exactly which rule its answer breaks."""
+    if not isinstance(emitted, (list, tuple)) or not 1 <= len(emitted) <= len(drafts) + 1:
+        raise RuntimeError(f"a verifier must return a list of 1 to {len(drafts) + 1} tokens (the accepted drafts, then "
+                           f"one of the target's), got {emitted!r}")
+    if list(emitted[:-1]) != list(drafts[:len(emitted) - 1]):
+        raise RuntimeError(f"a verifier's tokens before the last must be the accepted drafts {list(drafts)}, "
+                           f"in order; got {list(emitted)}")
+
+
 class SpeculativeDecoder:
-    def __init__(self, engine, draft_model, gamma: int, verifier: str):
-        self.engine, self.gamma, self.verifier = engine, gamma, verifier
+    def __init__(self, engine, draft_model, gamma: int, verifier):
+        self.engine, self.gamma = engine, gamma
+        # A verifier function (the plug point) verifies like rejection sampling: it needs the draft's q rows.
+        self.verify = (coupled_verify if verifier == "coupled" else
+                       rejection_verify if verifier == "rejection" else verifier)
         c = engine.config
         # The draft's pool holds every sequence the target can hold, plus its drafts and a partial block each.
         positions = c.kv_cache_tokens + c.max_num_seqs * (gamma + 2 * c.block_size)
-        self.proposer = DraftProposer(draft_model, -(-positions // c.block_size), c.block_size, verifier)
+        self.proposer = DraftProposer(draft_model, -(-positions // c.block_size), c.block_size,
+                                      "coupled" if verifier == "coupled" else "rejection")
         self.accepted = self.drafted = self.target_calls = 0  # for alpha and tokens per target call
+        self.verified = self.rejected = 0  # verifications (one per decoding sequence per step), and those that rejected
 
     def step(self, batch: ScheduledBatch) -> list:
         sched, runner, kv = self.engine.scheduler, self.engine.runner, self.engine.kv
@@ -60,12 +75,15 @@ class SpeculativeDecoder:
             r += fed[i]
             first = s.num_tokens  # the position x_1 was drafted for
             positions = list(range(first, first + len(d) + 1))
-            if self.verifier == "coupled":
+            if self.verify is coupled_verify:
                 emitted = coupled_verify(target, d, s.params, positions)
             else:
-                emitted = rejection_verify(target, d, qs[i], s.params, positions)
+                emitted = self.verify(target, list(d), qs[i], s.params, positions)
+                check_emitted(emitted, d)
             self.drafted += len(d)
             self.accepted += len(emitted) - 1
+            self.verified += 1
+            self.rejected += len(emitted) - 1 < len(d)
             out.append(emitted)
         prefills = ScheduledBatch(batch.seqs[batch.num_decodes:], batch.num_new_tokens[batch.num_decodes:])
         if prefills.seqs:
@@ -79,6 +97,13 @@ class SpeculativeDecoder:
         return stepped, finished
 
     @property
+    def tokens_per_call(self) -> float:
+        """Tokens each target pass produced per decoding sequence, on average: accepted drafts plus one."""
+        return (self.accepted + self.verified) / self.verified if self.verified else 0.0
+
+    @property
     def alpha(self) -> float:
-        """Share of drafted tokens the target accepted."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        """The acceptance rate: accepted drafts over the drafts the verifier ruled on (those after the first
+        rejection of a step are never looked at), the α of (1 − α^(γ+1)) / (1 − α)."""
+        ruled = self.accepted + self.rejected
+        return self.accepted / ruled if ruled else 0.0
