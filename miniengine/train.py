@@ -1,6 +1,13 @@
 """Train a tiny Llama on the Python standard library, on the CPU, with a fixed seed.
 
     python -m miniengine train --out data/models/target --hidden-size 256 --layers 6 --steps 3000
+    python -m miniengine train --out data/models/draft-distilled --distill-from data/models/target \
+        --tokenizer data/models/target --hidden-size 96 --intermediate-size 256 --layers 2 --heads 3 --steps 1500
+
+With ``--distill-from`` the model learns the teacher's whole next-token distribution instead of the
+one token the corpus has: the loss is KL(teacher || student) over the vocabulary at every position
+(Hinton et al., "Distilling the Knowledge in a Neural Network", 2015), on the same batches.  A draft
+for speculative decoding is judged by how often it agrees with its target, which is what this trains.
 
 Batches are random windows of the training token stream, drawn from a generator
 seeded by (seed, step), so a resumed run sees exactly the batches an
@@ -39,6 +46,16 @@ def batch_at(stream: np.ndarray, seed: int, step: int, batch: int, seq_len: int)
     starts = rng.integers(0, len(stream) - seq_len - 1, size=batch)
     x = np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int64)
     return torch.from_numpy(x[:, :-1]), torch.from_numpy(x[:, 1:])
+
+
+def distill_loss(model: Llama, teacher: Llama, x: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per position, averaged: the teacher's full distribution is the label."""
+    B, T = x.shape
+    positions = torch.arange(T).repeat(B)
+    with torch.no_grad():
+        target = torch.log_softmax(teacher(x.reshape(-1), positions, NoCacheBackend([T] * B)), dim=-1)
+    student = torch.log_softmax(model(x.reshape(-1), positions, NoCacheBackend([T] * B)), dim=-1)
+    return torch.nn.functional.kl_div(student, target, log_target=True, reduction="batchmean")
 
 
 def lm_loss(model: Llama, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -100,6 +117,13 @@ def train(args) -> Path:
                 std = 0.02 / math.sqrt(2 * cfg.num_hidden_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
                 torch.nn.init.normal_(p, std=std)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    teacher = None
+    if args.distill_from:
+        from .model import load_model
+        teacher = load_model(args.distill_from)
+        if teacher.config.vocab_size != cfg.vocab_size:
+            raise ValueError(f"--distill-from: the teacher's vocabulary ({teacher.config.vocab_size}) must be the "
+                             f"student's ({cfg.vocab_size}): pass --tokenizer {args.distill_from}")
 
     ckpt_path = out / "checkpoint.pt"
     log = {"step": [], "train_loss": [], "val_step": [], "val_loss": [], "seconds": 0.0}
@@ -121,7 +145,7 @@ def train(args) -> Path:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         x, y = batch_at(train_ids, args.seed, step, args.batch, args.seq_len)
-        loss = lm_loss(model, x, y)
+        loss = lm_loss(model, x, y) if teacher is None else distill_loss(model, teacher, x)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -140,6 +164,8 @@ def train(args) -> Path:
     log["tokens_seen"] = args.steps * args.batch * args.seq_len
     log["train_files"], log["val_files"] = len(train_files), len(val_files)
     log["config"] = {k: getattr(args, k) for k in ("seed", "steps", "batch", "seq_len", "lr", "warmup")}
+    if args.distill_from:
+        log["config"]["distilled_from"] = Path(args.distill_from).name
     (out / "training_log.json").write_text(json.dumps(log) + "\n")
     save_model(model, out)
     print(f"saved {model.num_parameters():,} parameters to {out} after {log['seconds'] / 60:.1f} min; "
@@ -167,3 +193,4 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--distill-from", help="a teacher model directory: train on KL to its logits instead of the next token")
