@@ -97,9 +97,10 @@ def snapshot(engine, step: int = 0, note: str = "") -> PoolSnapshot:
 def record(engine, arrivals: dict, max_steps: int = 1000) -> list[PoolSnapshot]:
     """Step ``engine`` until it is idle; return the pool before the first step and after every step.
 
-    ``arrivals`` maps a step number to the requests that arrive just before it, each a tuple
-    ``(prompt_token_ids, SamplingParams, request_id)``.  Each snapshot's ``note`` says what happened in
-    that step: who joined, who was preempted, who finished, and copy-on-write copies.
+    ``arrivals`` maps a number of steps k to the requests that arrive after step k (before step k + 1; k = 0
+    is the start), each a tuple ``(prompt_token_ids, SamplingParams, request_id)``.  Each snapshot's ``note``
+    says what happened in that step: who was prefilled (again, after a preemption), who was forked, who was
+    preempted, who finished, and how many blocks were copied on write.
     """
     pending = dict(sorted(arrivals.items()))
     snaps = [snapshot(engine, 0, "before the first step")]
@@ -116,7 +117,8 @@ def record(engine, arrivals: dict, max_steps: int = 1000) -> list[PoolSnapshot]:
         got = engine.step()
         snap = snapshot(engine, step)
         events = []
-        new = [s for s in engine.scheduler.running if seq_label(s) not in running_before]
+        finished = [s for s in got if s.is_finished]
+        new = [s for s in list(engine.scheduler.running) + finished if seq_label(s) not in running_before]
         joined = [seq_label(s) for s in new if s.parent is None]
         forked = [seq_label(s) for s in new if s.parent is not None]
         if joined:
@@ -124,14 +126,13 @@ def record(engine, arrivals: dict, max_steps: int = 1000) -> list[PoolSnapshot]:
         if forked:
             events.append("forked (sharing every block): " + ", ".join(forked))
         if snap.preemptions > before.preemptions:
-            events.append(f"preempted: {', '.join(l for l in snap.waiting if l in running_before)}")
-        done = [seq_label(s) for s in got if s.is_finished]
-        if done:
-            events.append("finished: " + ", ".join(done))
+            events.append("preempted: " + ", ".join(label for label in snap.waiting if label in running_before))
+        if finished:
+            events.append("finished: " + ", ".join(seq_label(s) for s in finished))
         if snap.copies > before.copies:
             events.append(f"copy-on-write: {snap.copies - before.copies} block(s) copied")
         snaps.append(dataclasses.replace(snap, note="; ".join(events) or "every running sequence decoded one token"))
-    else:
+    if engine.has_unfinished_requests() or pending:
         raise RuntimeError(f"the engine still had work after {max_steps} steps")
     return snaps
 
@@ -160,9 +161,10 @@ def draw_pool(snap: PoolSnapshot, ax, colors: dict | None = None, columns: int |
     colors = colors if colors is not None else palette([snap])
     columns = columns or min(snap.num_blocks, 16)
     rows = -(-snap.num_blocks // columns)
+    pitch = 1.3  # rows of blocks, with room for the block numbers under them
     owners, fill = snap.owners(), snap.fill()
     for b in range(snap.num_blocks):
-        x, y = b % columns, b // columns
+        x, y = b % columns, pitch * (b // columns)
         ax.add_patch(mpatches.Rectangle((x + 0.05, y + 0.05), 0.9, 0.9, facecolor=FREE_COLOR, edgecolor="#999", lw=0.8))
         holders = owners[b]
         if holders:
@@ -177,7 +179,7 @@ def draw_pool(snap: PoolSnapshot, ax, colors: dict | None = None, columns: int |
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
         ax.text(x + 0.5, y + 1.0, str(b), ha="center", va="top", fontsize=6, color="#555")
     ax.set_xlim(0, columns)
-    ax.set_ylim(rows + 0.1, 0)
+    ax.set_ylim(pitch * rows, 0)
     ax.set_aspect("equal")
     ax.axis("off")
     return ax
@@ -241,14 +243,27 @@ def arena_spans(seqs) -> list[tuple[str, int, int, int]]:
     return [(seq_label(s), s.kv.start, s.kv.length, s.kv.max_len) for s in seqs if s.kv is not None]
 
 
+def free_runs(num_slots: int, spans) -> list[tuple[int, int]]:
+    """``(start, length)`` of each run of free slots in an arena holding ``spans`` (as :func:`arena_spans` gives)."""
+    runs, start = [], 0
+    for _, s, _, reserved in sorted(spans, key=lambda span: span[1]):
+        if s > start:
+            runs.append((start, s - start))
+        start = max(start, s + reserved)
+    if num_slots > start:
+        runs.append((start, num_slots - start))
+    return runs
+
+
 def render(snap: PoolSnapshot, colors: dict | None = None, columns: int | None = None, width: int | None = None):
     """One frame of the explorer: the pool (above) and the block tables (below), with the counts as a title."""
     import matplotlib.pyplot as plt
 
     columns = columns or min(snap.num_blocks, 16)
     rows = -(-snap.num_blocks // columns)
-    fig, (ax, tables) = plt.subplots(2, 1, figsize=(9, 0.6 * rows + 0.3 * max(len(snap.seqs), 1) + 1.8),
-                                     gridspec_kw={"height_ratios": [rows + 0.2, max(len(snap.seqs), 1) * 0.55 + 0.6]})
+    n = max(len(snap.seqs), 1)
+    fig, (ax, tables) = plt.subplots(2, 1, figsize=(9, 0.75 * rows + 0.3 * n + 1.8),
+                                     gridspec_kw={"height_ratios": [1.3 * rows, 0.55 * n + 0.6]})
     draw_pool(snap, ax, colors, columns)
     draw_tables(snap, tables, colors, width)
     ax.set_title(f"step {snap.step}: {snap.blocks_held} of {snap.num_blocks} blocks held, {snap.num_free} free; "

@@ -46,6 +46,7 @@ class KVStudy:
     kv_tokens: int
     utilisation: float   # positions in use / positions held, summed over steps
     mean_running: float  # sequences running per step, on average over the steps when requests were waiting
+    #                      (over every step if none ever waited)
     max_running: int     # the most sequences that ever ran together
     preemptions: int
     steps: int
@@ -59,7 +60,7 @@ def kv_study(requests, kv_tokens: int, layout: str, block_size: int = 16, max_to
     or instance to do the bookkeeping instead of the course's.
     """
     if layout == "paged":
-        num_blocks = kv_tokens // block_size
+        num_blocks = kv_tokens // block_size  # whole blocks that fit: never more memory than the contiguous layout
         if isinstance(block_manager, type):
             block_manager = block_manager(num_blocks, block_size)
         kv = PagedKV(_ONE_NUMBER, num_blocks, block_size, block_manager=block_manager)
@@ -82,13 +83,14 @@ def kv_study(requests, kv_tokens: int, layout: str, block_size: int = 16, max_to
         seq = Sequence([_OTHER] * r.prompt_len, SamplingParams(max_tokens=max_tokens))
         output_len[seq.seq_id] = min(r.output_len, max_tokens)
         scheduler.add(seq)
-    used_sum = held_sum = running_sum = busy_steps = steps = max_running = 0
+    used_sum = held_sum = running_sum = used_running = busy_steps = steps = max_running = 0
     while scheduler.has_unfinished():
         batch = scheduler.schedule()
         if not batch.seqs:
             raise RuntimeError("the KV pool cannot hold even one waiting request: raise kv_tokens")
         used_sum += sum(s.num_tokens for s in scheduler.running)
         held_sum += held()
+        used_running += len(scheduler.running)
         if scheduler.waiting:  # memory, not the queue, limits the batch
             running_sum += len(scheduler.running)
             busy_steps += 1
@@ -96,5 +98,7 @@ def kv_study(requests, kv_tokens: int, layout: str, block_size: int = 16, max_to
         steps += 1
         tokens = [_EOS if len(s.output_token_ids) + 1 >= output_len[s.seq_id] else _OTHER for s in batch.seqs]
         scheduler.postprocess(batch, tokens)
-    return KVStudy(layout, kv_tokens, used_sum / held_sum, running_sum / max(busy_steps, 1), max_running,
+    if not busy_steps:  # nobody ever waited: the queue, not memory, was the limit; average over every step
+        running_sum, busy_steps = used_running, steps
+    return KVStudy(layout, kv_tokens, used_sum / held_sum, running_sum / busy_steps, max_running,
                    scheduler.num_preemptions, steps)
