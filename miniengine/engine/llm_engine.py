@@ -58,6 +58,10 @@ class LLMEngine:
         if missing:
             raise ValueError(f"speculative decoding rolls the KV cache back, but kv ({type(self.kv).__name__}) lacks "
                              f"{', '.join(missing)}")
+        manager = getattr(self.kv, "block_manager", None)
+        if manager is not None and not hasattr(manager, "truncate"):
+            raise ValueError(f"speculative decoding rolls the KV cache back, but the block manager "
+                             f"({type(manager).__name__}) has no truncate(seq, num_tokens)")
         draft = config.speculative_model
         if not isinstance(draft, torch.nn.Module):
             draft = load_model(resolve_model_dir(draft), dtype=dtype, device=config.device)
