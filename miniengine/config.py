@@ -43,6 +43,10 @@ class EngineConfig:
     speculative_model: object = None
     num_speculative_tokens: int = 0
     speculative_verifier: str = "coupled"
+    # Weight-only quantization (milestone 7): "int8" (per output channel), "int4" (groups of quant_group_size,
+    # packed two to a byte), or a scheme object with quantize(weight) and dequantize(state) (Lab 07).
+    quantization: object = None
+    quant_group_size: int = 64
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -65,6 +69,9 @@ class EngineConfig:
         elif self.num_speculative_tokens:
             raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens!r} needs a speculative_model "
                              f"(a draft model), got none")
+        if self.quantization is not None:
+            from .layers.quant import get_scheme
+            get_scheme(self.quantization, self.quant_group_size)  # a bad name or group size fails here, named
         if self.sampler is not None and not callable(self.sampler):
             raise ValueError(f"sampler must be callable as sampler(logits, params, positions), got {type(self.sampler).__name__}")
         if self.scheduling_policy is not None and not callable(getattr(self.scheduling_policy, "admit", None)):

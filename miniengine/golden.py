@@ -62,10 +62,18 @@ CASE_KINDS = {
 FORK_N = 4
 FORK_PROMPTS = 3  # the first prompts of each file get an n > 1 case
 FORK_PARAMS = dict(temperature=0.8, top_k=40)
+# Quantized models (milestone 7): the reference runs the *dequantized* weights, the very numbers the
+# quantized engine computes with, so exactness is tested apart from the quality the quantization costs.
+QUANT_SCHEMES = ("int8", "int4")  # int4 with the engine's default group size
+QUANT_KINDS = {k: CASE_KINDS[k] for k in ("greedy", "combined")}
 VISIBLE_FILE = GOLDEN / "visible.json"
 HIDDEN_DIR = REPO_ROOT / "autograder" / "hidden"
 HIDDEN_FILE = HIDDEN_DIR / "golden.json"
 HIDDEN_PROMPTS_FILE = HIDDEN_DIR / "prompts.json"  # instructor-only, like the golden file built from it
+
+
+def quant_file(scheme: str, hidden: bool = False) -> Path:
+    return (HIDDEN_DIR if hidden else GOLDEN) / f"{scheme}.json"
 
 
 def step_margins(logits: np.ndarray, params: SamplingParams, position: int) -> dict:
@@ -118,7 +126,7 @@ def model_sha256(model_dir: Path) -> str:
     return hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()
 
 
-def build_cases(model, tok, prompts: list[str], eos_id: int, seed_base: int = 0) -> list[dict]:
+def build_cases(model, tok, prompts: list[str], eos_id: int, seed_base: int = 0, kinds: dict = CASE_KINDS) -> list[dict]:
     """Screened cases, one per (prompt, sampler kind), ordered by prompt then kind.
 
     Each kind runs all its prompts as one ragged batch (decoding is batch-invariant).
@@ -128,7 +136,7 @@ def build_cases(model, tok, prompts: list[str], eos_id: int, seed_base: int = 0)
     """
     ids = [tok.encode(p).ids for p in prompts]
     chosen: dict[tuple[int, str], tuple] = {}
-    for kind, fields in CASE_KINDS.items():
+    for kind, fields in kinds.items():
         pending, longest = list(range(len(prompts))), {}
         for attempt in range(1 if kind == "greedy" else SEED_TRIES):
             params = [SamplingParams(max_tokens=MAX_TOKENS, seed=seed_base + 1000 * pi + attempt, **fields) for pi in pending]
@@ -156,7 +164,7 @@ def build_cases(model, tok, prompts: list[str], eos_id: int, seed_base: int = 0)
                 print(f"  dropped {kind!r} for prompt {pi}: no screened run of {MIN_TOKENS}+ tokens")
 
     cases = []
-    for (pi, kind), (params, c, worst) in sorted(chosen.items(), key=lambda kv: (kv[0][0], list(CASE_KINDS).index(kv[0][1]))):
+    for (pi, kind), (params, c, worst) in sorted(chosen.items(), key=lambda kv: (kv[0][0], list(kinds).index(kv[0][1]))):
         cases.append({
             "name": f"p{pi}-{kind}",
             "prompt": prompts[pi],
@@ -224,8 +232,17 @@ def build(model_dir: Path = TARGET) -> dict[Path, dict]:
     eos = model.config.eos_token_id
     files = {VISIBLE_FILE: {**header, "cases": build_cases(model, tok, VISIBLE_PROMPTS, eos),
                             "fork_cases": build_fork_cases(model, tok, VISIBLE_PROMPTS[:FORK_PROMPTS], eos)}}
-    if HIDDEN_PROMPTS_FILE.exists():
-        hidden = json.loads(HIDDEN_PROMPTS_FILE.read_text())["prompts"]
+    from .layers.quant import dequantized_copy
+    hidden = json.loads(HIDDEN_PROMPTS_FILE.read_text())["prompts"] if HIDDEN_PROMPTS_FILE.exists() else None
+    for scheme in QUANT_SCHEMES:
+        deq = dequantized_copy(model, scheme)
+        head = {**header, "quantization": scheme, "about": f"Reference (float64 naive decode) outputs of the {scheme} "
+                "model's dequantized weights on screened prompts; regenerate with `python -m miniengine golden`."}
+        files[quant_file(scheme)] = {**head, "cases": build_cases(deq, tok, VISIBLE_PROMPTS, eos, kinds=QUANT_KINDS)}
+        if hidden:
+            files[quant_file(scheme, hidden=True)] = {**head, "cases": build_cases(
+                deq, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE, kinds=QUANT_KINDS)}
+    if hidden:
         # Seeds of their own, so that no hidden sampled run shares its noise with a visible one.
         files[HIDDEN_FILE] = {**header, "cases": build_cases(model, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE),
                               "fork_cases": build_fork_cases(model, tok, hidden[:FORK_PROMPTS], eos,

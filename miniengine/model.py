@@ -153,13 +153,14 @@ class Llama(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    # The final norm's weight: always a float parameter, even when the linear layers are quantized.
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.norm.weight.device
 
     def rope_tables(self, dtype, device):
         """cos/sin for every position up to max_position_embeddings, computed once per dtype and device.

@@ -21,6 +21,20 @@ def test_every_case_clears_the_screening_margins(golden, hidden_golden):
             SamplingParams(**c["params"])  # well-formed
 
 
+def test_quantized_and_fork_cases_clear_the_margins_too(golden, hidden_golden):
+    import json
+    files = [golden_mod.quant_file(s, hidden=h) for s in golden_mod.QUANT_SCHEMES for h in (False, True)]
+    for path in files:
+        data = json.loads(path.read_text())
+        assert data["quantization"] in golden_mod.QUANT_SCHEMES and len(data["cases"]) >= 12, path
+        for c in data["cases"]:
+            assert c["min_margins"]["gap"] >= golden_mod.GAP, (path.name, c["name"])
+    for data in (golden, hidden_golden):
+        assert len(data["fork_cases"]) == golden_mod.FORK_PROMPTS
+        for c in data["fork_cases"]:
+            assert c["min_margins"]["gap"] >= golden_mod.GAP and len(c["completions"]) == golden_mod.FORK_N
+
+
 def test_visible_golden_covers_every_sampler(golden):
     kinds = {c["name"].split("-", 1)[1] for c in golden["cases"]}
     assert kinds == set(golden_mod.CASE_KINDS)

@@ -41,6 +41,13 @@ class LLMEngine:
         else:
             self.model_dir = resolve_model_dir(config.model)
             model = load_model(self.model_dir, dtype=dtype, device=config.device)
+        if config.quantization is not None:
+            import copy
+
+            from ..layers.quant import quantize_model
+            if model is config.model:
+                model = copy.deepcopy(model)  # the caller's model stays as it was
+            model = quantize_model(model, config.quantization, config.quant_group_size)
         self.model = model
         cfg = model.config
         self.kv = config.kv if config.kv is not None else self._default_kv(cfg, dtype, model.device)
