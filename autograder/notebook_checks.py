@@ -290,6 +290,9 @@ COURSE_PARTS = {
     "ContiguousKVCache": ("miniengine.kv.contiguous", "KVCache"),
     "CachedAttention": ("miniengine.kv.contiguous", "CachedBackend"),
     "fits": ("miniengine.engine.policy", "fits"),
+    "gather_history": ("miniengine.kv.paged", "gather_history"),
+    # Lab 06: the draft model's own cache keeps the course's block manager, whose truncate the lab forbids
+    "DraftBlockManager": ("miniengine.kv.block_manager", "BlockManager"),
 }
 _TAKES_LOGITS = {"greedy", "top_k_mask", "top_p_mask", "sample"}  # lent with their first argument made numpy float64
 

@@ -396,3 +396,20 @@ def test_golden_tokens_catch_a_gather_that_ignores_the_table(golden, target_conf
     cases = golden["cases"][:6]
     outs = llm.generate([c["prompt_token_ids"] for c in cases], [SamplingParams(**c["params"]) for c in cases])
     assert [o.token_ids for o in outs] != [c["token_ids"] for c in cases]
+
+
+def test_forked_completions_count_against_max_num_seqs(golden):
+    c = golden["fork_cases"][0]
+    llm = LLM(max_num_seqs=6)
+    seen = []
+    inner = llm.engine.scheduler.postprocess
+
+    def watch(batch, tokens):
+        done = inner(batch, tokens)
+        seen.append(len(llm.engine.scheduler.running) + len(done))
+        return done
+    llm.engine.scheduler.postprocess = watch
+    outs = llm.generate([c["prompt_token_ids"]] * 2, SamplingParams(**c["params"]))  # two requests of n=4
+    assert max(seen) <= 6
+    for out in outs:
+        assert [o.token_ids for o in out.outputs] == [w["token_ids"] for w in c["completions"]]

@@ -35,7 +35,9 @@ class LLMEngine:
         if isinstance(config.model, torch.nn.Module):
             model = config.model
             self.model_dir = None
-            if model.dtype != dtype or str(model.device) != str(torch.device(config.device)):
+            want = torch.device(config.device)  # "cuda" means whichever CUDA device; "cuda:1" means that one
+            same_device = model.device.type == want.type and (want.index is None or model.device.index == want.index)
+            if model.dtype != dtype or not same_device:
                 raise ValueError(f"model is a loaded {model.dtype} model on {model.device}, but the engine was asked "
                                  f"for dtype={config.dtype!r} on device={config.device!r}: load it that way")
         else:

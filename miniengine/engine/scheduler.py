@@ -110,9 +110,11 @@ class Scheduler:
         admitted = list(self.policy.admit(tuple(self.waiting), tuple(decodes), budget))
         self._check(admitted, budget)
         prefills = []
-        for seq in admitted:  # in order; stop at the first one KV memory no longer holds
-            if not self.kv.can_allocate(seq):
+        seats = sum(self.seats(s) for s in self.running)
+        for seq in admitted:  # in order; stop at the first one KV memory (or a seat for each completion) no longer holds
+            if not self.kv.can_allocate(seq) or seats + self.seats(seq) > self.max_num_seqs:
                 break
+            seats += self.seats(seq)
             self.kv.allocate(seq)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
@@ -120,6 +122,11 @@ class Scheduler:
             prefills.append(seq)
         seqs = decodes + prefills
         return ScheduledBatch(seqs, [s.num_new_tokens for s in seqs], len(decodes))
+
+    @staticmethod
+    def seats(seq: Sequence) -> int:
+        """Seats a sequence will take: an n > 1 request forks n sequences after its prefill."""
+        return seq.params.n if seq.fork_pending else 1
 
     def _decodes(self) -> tuple[list[Sequence], bool]:
         """The running sequences that decode this step, each with a KV slot for the token it feeds.
