@@ -1,4 +1,4 @@
-"""Command line: python -m miniengine {generate,info,roofline,bench,simulate,train,golden,card} ...
+"""Command line: python -m miniengine {generate,info,roofline,bench,simulate,train,convert-gqa,golden,card} ...
 
 Bad arguments exit with status 2 and one line on stderr, never a traceback.
 """
@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a tiny Llama on the Python standard library")
     train.add_arguments(t)
     t.set_defaults(func=cmd_train)
+
+    from . import gqa
+    cg = sub.add_parser("convert-gqa", help="turn the MHA target into a GQA model (mean-pooled K/V heads), then uptrain")
+    gqa.add_arguments(cg)
+    cg.set_defaults(func=gqa.run)
 
     gd = sub.add_parser("golden", help="regenerate (or --check) the golden reference outputs")
     golden.add_arguments(gd)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import load_model
-from .paths import GOLDEN, REPO_ROOT, TARGET
+from .paths import GOLDEN, MODELS, REPO_ROOT, TARGET
 from .reference import naive_generate
 from .sampling import SamplingParams, child_params, gumbel_noise, softmax, top_k_mask
 from .tokenizer import load_tokenizer
@@ -66,10 +66,16 @@ FORK_PARAMS = dict(temperature=0.8, top_k=40)
 # quantized engine computes with, so exactness is tested apart from the quality the quantization costs.
 QUANT_SCHEMES = ("int8", "int4")  # int4 with the engine's default group size
 QUANT_KINDS = {k: CASE_KINDS[k] for k in ("greedy", "combined")}
+# The GQA model converted from the target (milestone 7): golden cases of its own, from the same reference.
+GQA_MODEL = "target-gqa2"
 VISIBLE_FILE = GOLDEN / "visible.json"
 HIDDEN_DIR = REPO_ROOT / "autograder" / "hidden"
 HIDDEN_FILE = HIDDEN_DIR / "golden.json"
 HIDDEN_PROMPTS_FILE = HIDDEN_DIR / "prompts.json"  # instructor-only, like the golden file built from it
+
+
+def gqa_file(hidden: bool = False) -> Path:
+    return (HIDDEN_DIR if hidden else GOLDEN) / f"{GQA_MODEL.replace('target-', '')}.json"
 
 
 def quant_file(scheme: str, hidden: bool = False) -> Path:
@@ -242,6 +248,15 @@ def build(model_dir: Path = TARGET) -> dict[Path, dict]:
         if hidden:
             files[quant_file(scheme, hidden=True)] = {**head, "cases": build_cases(
                 deq, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE, kinds=QUANT_KINDS)}
+    gqa_dir = MODELS / GQA_MODEL
+    if (gqa_dir / "config.json").exists():
+        gqa = load_model(gqa_dir)
+        head = {**header, "model": f"data/models/{GQA_MODEL}", "model_sha256": model_sha256(gqa_dir),
+                "eos_token_id": gqa.config.eos_token_id}
+        files[gqa_file()] = {**head, "cases": build_cases(gqa, tok, VISIBLE_PROMPTS, eos, kinds=QUANT_KINDS)}
+        if hidden:
+            files[gqa_file(hidden=True)] = {**head, "cases": build_cases(gqa, tok, hidden, eos,
+                                                                          seed_base=HIDDEN_SEED_BASE, kinds=QUANT_KINDS)}
     if hidden:
         # Seeds of their own, so that no hidden sampled run shares its noise with a visible one.
         files[HIDDEN_FILE] = {**header, "cases": build_cases(model, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE),
