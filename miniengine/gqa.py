@@ -25,7 +25,7 @@ from . import corpus
 from .model import Llama, load_model, save_model
 from .paths import MODELS, TARGET
 from .tokenizer import load_tokenizer, save_tokenizer
-from .train import batch_at, encode_corpus, evaluate, lm_loss, lr_at
+from .train import batch_at, encode_corpus, evaluate, lm_loss, lr_at, optimizer_step
 
 
 def mean_pool_kv(weight: torch.Tensor, num_heads: int, kv_heads: int) -> torch.Tensor:
@@ -66,15 +66,10 @@ def uptrain(model: Llama, steps: int, out: Path, seed: int = 0, batch: int = 16,
     log = {"step": [], "train_loss": [], "val_step": [], "val_loss": []}
     t0 = time.time()
     for step in tqdm(range(steps), desc="uptrain", unit="step"):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
         # Batches the target never saw at these steps: a seed of their own.
         x, y = batch_at(train_ids, seed + 1, step, batch, seq_len)
         loss = lm_loss(model, x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss, lr_at(step, steps, lr, warmup))
         log["step"].append(step)
         log["train_loss"].append(loss.item())
     model.eval()

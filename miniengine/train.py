@@ -86,6 +86,16 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))  # cosine down to 10%
 
 
+def optimizer_step(model, opt, loss: torch.Tensor, lr: float) -> None:
+    """One AdamW update at learning rate ``lr``, gradients clipped to norm 1."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def train(args) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -142,14 +152,9 @@ def train(args) -> Path:
     t0 = time.time() - log["seconds"]
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, desc="train", unit="step")
     for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         x, y = batch_at(train_ids, args.seed, step, args.batch, args.seq_len)
         loss = lm_loss(model, x, y) if teacher is None else distill_loss(model, teacher, x)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss, lr_at(step, args.steps, args.lr, args.warmup))
         log["step"].append(step)
         log["train_loss"].append(loss.item())
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
