@@ -3,7 +3,9 @@
     python -m miniengine.gpu_check [--skip-notebooks] [--skip-bench]
 
 1. Golden cases on CUDA: every visible and hidden case through ``LLM(device="cuda")`` in float32
-   with TF32 off, at batch limits 1 and 64, and through the float64 reference for a sample.
+   with TF32 off, at batch limits 1 and 64, in the contiguous layout, under memory pressure, with
+   speculation, the n=4 forks, the int8/int4 and GQA models on their own golden files, and through the
+   float64 reference for a sample.
 2. ``bench batch --device cuda``: this engine against HF ``generate`` at batches 1, 4, 16, 64.
 3. Every notebook top to bottom with ``DEVICE="cuda"`` and ``FAST=True`` (papermill).
 
@@ -40,6 +42,28 @@ def golden_on_cuda() -> list[str]:
         bad = [c["name"] for c, o in zip(cases, outs) if o.token_ids != c["token_ids"]]
         lines.append(f"engine, cuda float32, max_num_seqs={seqs}: {len(cases) - len(bad)}/{len(cases)} golden cases exact"
                      + (f"; FAILED: {bad[:5]}" if bad else ""))
+    # The later milestones on CUDA: each layout, speculation, forks, quantized and GQA models on their own golden.
+    from . import golden as golden_mod
+    from .paths import MODELS
+
+    def run(label, llm, cs):
+        outs = llm.generate([c["prompt_token_ids"] for c in cs], [SamplingParams(**c["params"]) for c in cs])
+        if cs and "completions" in cs[0]:
+            bad = [c["name"] for c, o in zip(cs, outs) if [x.token_ids for x in o.outputs] != [w["token_ids"] for w in c["completions"]]]
+        else:
+            bad = [c["name"] for c, o in zip(cs, outs) if o.token_ids != c["token_ids"]]
+        lines.append(f"{label}: {len(cs) - len(bad)}/{len(cs)} golden cases exact" + (f"; FAILED: {bad[:5]}" if bad else ""))
+
+    run("engine, cuda, contiguous layout", LLM(device="cuda", kv_layout="contiguous"), cases)
+    run("engine, cuda, paged, small pool (preemption)", LLM(device="cuda", kv_cache_tokens=512, block_size=8), cases)
+    run("engine, cuda, speculative (coupled, γ=4)", LLM(device="cuda", speculative_model="draft", num_speculative_tokens=4), cases)
+    forks = json.loads((GOLDEN / "visible.json").read_text())["fork_cases"]
+    run("engine, cuda, n=4 forks (copy-on-write)", LLM(device="cuda"), forks)
+    for scheme in golden_mod.QUANT_SCHEMES:
+        run(f"engine, cuda, {scheme} weights", LLM(device="cuda", quantization=scheme),
+            json.loads(golden_mod.quant_file(scheme).read_text())["cases"])
+    run("engine, cuda, GQA model", LLM(model=str(MODELS / golden_mod.GQA_MODEL), device="cuda"),
+        json.loads(golden_mod.gqa_file().read_text())["cases"])
     model = load_model(TARGET, dtype=torch.float64, device="cuda")
     sample = cases[::8]
     ref = naive_generate(model, [c["prompt_token_ids"] for c in sample], [SamplingParams(**c["params"]) for c in sample])
