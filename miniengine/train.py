@@ -51,7 +51,7 @@ def batch_at(stream: np.ndarray, seed: int, step: int, batch: int, seq_len: int)
 def distill_loss(model: Llama, teacher: Llama, x: torch.Tensor) -> torch.Tensor:
     """KL(teacher || student) per position, averaged: the teacher's full distribution is the label."""
     B, T = x.shape
-    positions = torch.arange(T).repeat(B)
+    positions = torch.arange(T, device=x.device).repeat(B)
     with torch.no_grad():
         target = torch.log_softmax(teacher(x.reshape(-1), positions, NoCacheBackend([T] * B)), dim=-1)
     student = torch.log_softmax(model(x.reshape(-1), positions, NoCacheBackend([T] * B)), dim=-1)
@@ -61,7 +61,7 @@ def distill_loss(model: Llama, teacher: Llama, x: torch.Tensor) -> torch.Tensor:
 def lm_loss(model: Llama, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of next-token prediction, through the same seam inference uses."""
     B, T = x.shape
-    positions = torch.arange(T).repeat(B)
+    positions = torch.arange(T, device=x.device).repeat(B)
     logits = model(x.reshape(-1), positions, NoCacheBackend([T] * B))
     return torch.nn.functional.cross_entropy(logits, y.reshape(-1))
 
