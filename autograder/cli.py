@@ -51,10 +51,11 @@ def cmd_grade(args) -> int:
                            keep=args.keep)
     labs = sorted({r.lab for r in graded})
     out = Path(args.out) if args.out else layout.COURSE / "grades" / (labs[0] if len(labs) == 1 else "all")
-    csv_path, json_path = results.write_reports(graded, out)
+    csv_path, json_path, kept = results.write_reports(graded, out)
     print()
     print(results.table(graded, details=not args.brief))
-    print(f"\nwrote {csv_path} and {json_path}")
+    print(f"\nwrote {csv_path} and {json_path}"
+          + (f" (merged: {kept} student(s) graded earlier keep their latest grade)" if kept else ""))
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
@@ -138,16 +139,40 @@ def to_json(results: list[StudentResult]) -> dict:
         for r in results]}
 
 
+def from_json(data: dict) -> list[StudentResult]:
+    return [StudentResult(s["student"], s["lab"], s["submission"], [TestResult(**t) for t in s["tests"]],
+                          s.get("notes", []), s.get("seconds", 0.0)) for s in data["students"]]
+
+
 def write_json(results: list[StudentResult], path: Path) -> None:
     path.write_text(json.dumps(to_json(results), indent=1) + "\n")
 
 
-def write_reports(results: list[StudentResult], out: Path) -> tuple[Path, Path]:
+def _replace(path: Path, write) -> None:
+    """Write to a temporary file beside ``path``, then rename: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_reports(results: list[StudentResult], out: Path) -> tuple[Path, Path, int]:
+    """grades.csv and grades.json in ``out``, merged with what is there: a student graded again gets the new
+    grade, and students graded earlier (another folder, another day) keep theirs.  Returns the two paths and
+    how many earlier students were kept."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(results, out / "grades.csv")
-    write_json(results, out / "grades.json")
-    return out / "grades.csv", out / "grades.json"
+    csv_path, json_path = out / "grades.csv", out / "grades.json"
+    new = {(r.student, r.lab) for r in results}
+    kept = []
+    if json_path.exists():
+        try:
+            kept = [r for r in from_json(json.loads(json_path.read_text())) if (r.student, r.lab) not in new]
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"{json_path} is not a grades file this grader wrote ({e}); move it away and grade again")
+    merged = sorted(kept + list(results), key=lambda r: (r.lab, r.student))
+    _replace(csv_path, lambda p: write_csv(merged, p))
+    _replace(json_path, lambda p: write_json(merged, p))
+    return csv_path, json_path, len(kept)
 
 
 def table(results: list[StudentResult], details: bool = True) -> str:

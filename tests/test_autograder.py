@@ -6,6 +6,7 @@ test_regress.py.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -221,9 +222,23 @@ def test_table_and_reports(tmp_path):
             results.StudentResult("bob", LAB, "b.ipynb", results.everything([TEST], "corrupt notebook", "bad JSON"))]
     text = results.table(rows)
     assert "alice" in text and "2/2" in text and "corrupt notebook" in text
-    csv_path, json_path = results.write_reports(rows, tmp_path)
+    csv_path, json_path, kept = results.write_reports(rows, tmp_path)
     assert "bob,lab01_naive_decode,t,False,0,2,corrupt notebook,bad JSON" in csv_path.read_text()
-    assert '"score": 2' in json_path.read_text()
+    assert '"score": 2' in json_path.read_text() and kept == 0
+
+
+def test_a_later_batch_merges_with_the_earlier_grades(tmp_path):
+    first = [results.StudentResult("alice", LAB, "a.ipynb", [results.TestResult("t", 0, 2, "failed")]),
+             results.StudentResult("bob", LAB, "b.ipynb", [results.TestResult("t", 2, 2, "passed")])]
+    results.write_reports(first, tmp_path)
+    again = [results.StudentResult("alice", LAB, "a2.ipynb", [results.TestResult("t", 2, 2, "passed")]),
+             results.StudentResult("carol", LAB, "c.ipynb", [results.TestResult("t", 1, 2, "failed")])]
+    csv_path, json_path, kept = results.write_reports(again, tmp_path)
+    assert kept == 1  # bob, from the first folder
+    got = {s["student"]: s["score"] for s in json.loads(json_path.read_text())["students"]}
+    assert got == {"alice": 2, "bob": 2, "carol": 1}  # alice's latest grade, bob kept, carol added
+    assert csv_path.read_text().count("alice") == 1
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 # ---------------------------------------------------------------- feedback never shows hidden tests
