@@ -340,8 +340,9 @@ def quant(args) -> int:
     print("On this CPU the quantized layers first rebuild a float32 weight matrix (unpack, scale) in every forward, "
           "then run the same float32 matmul: extra work, and the tiny model's float weights already sit in cache, "
           f"so there is no memory traffic to save. Faster than float32 here: {', '.join(faster) or 'neither'}.")
-    print("paper GPU (cost model, H100), Llama-3-8B decode step, context 1024 (weights read once per step):")
-    bytes_per_param = {"bf16": 2.0, "int8": 1.0 + 4 / 4096, "int4": 0.5 + 4 / args.group_size}  # with the scales
+    print("paper GPU (cost model, H100), Llama-3-8B decode step, context 1024 (weights read once per step; "
+          "scales in bf16, as a bf16 model stores them):")
+    bytes_per_param = {"bf16": 2.0, "int8": 1.0 + 2 / 4096, "int4": 0.5 + 2 / args.group_size}
     for batch in (1, 64):
         times = {n: CostModel(llama3_8b(), GPUS["H100"], bytes_per_param=b).decode(batch, 1024).step_time_s
                  for n, b in bytes_per_param.items()}

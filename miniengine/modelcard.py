@@ -90,8 +90,8 @@ def top1_agreement(draft, target, tok, n_windows: int = 32, seq_len: int = 256) 
     for s in starts:
         ids = torch.from_numpy(stream[s : s + seq_len].astype(np.int64))
         pos = torch.arange(seq_len)
-        a = draft(ids, pos, NoCacheBackend([seq_len])).argmax(-1)
-        b = target(ids, pos, NoCacheBackend([seq_len])).argmax(-1)
+        a = draft(ids.to(draft.device), pos.to(draft.device), NoCacheBackend([seq_len])).argmax(-1).cpu()
+        b = target(ids.to(target.device), pos.to(target.device), NoCacheBackend([seq_len])).argmax(-1).cpu()
         agree += int((a == b).sum())
         total += seq_len
     return agree / total

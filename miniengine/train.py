@@ -73,7 +73,7 @@ def evaluate(model: Llama, stream: np.ndarray, seq_len: int, n_windows: int = 32
     starts = np.linspace(0, len(stream) - seq_len - 1, n_windows).astype(np.int64)
     losses = []
     for s in starts:
-        x = torch.from_numpy(stream[s : s + seq_len + 1].astype(np.int64))
+        x = torch.from_numpy(stream[s : s + seq_len + 1].astype(np.int64)).to(model.device)
         losses.append(lm_loss(model, x[None, :-1], x[None, 1:]).item())
     model.train()
     return float(np.mean(losses))

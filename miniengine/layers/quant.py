@@ -58,12 +58,23 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`pack_int4`: uint8 [.., n] -> int8 [.., 2n], sign-extended from 4 bits."""
-    low = (packed & 0xF).to(torch.int16)
-    high = (packed >> 4).to(torch.int16)
-    both = torch.stack([low, high], dim=-1).flatten(-2)
+def _nibble_table() -> torch.Tensor:
+    """[256, 2] int8: the (low, high) nibbles of every byte, sign-extended from 4 bits."""
+    b = torch.arange(256)
+    both = torch.stack([b & 0xF, b >> 4], dim=1)
     return torch.where(both >= 8, both - 16, both).to(torch.int8)
+
+
+_NIBBLES = _nibble_table()
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_int4`: uint8 [.., n] -> int8 [.., 2n], sign-extended from 4 bits.
+
+    One table lookup per byte (its two values at once), which is several times faster than shifting,
+    masking and sign-extending the nibbles with separate tensor operations."""
+    table = _NIBBLES if _NIBBLES.device == packed.device else _NIBBLES.to(packed.device)
+    return table.index_select(0, packed.flatten().long()).view(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
 class Int4GroupWise:
