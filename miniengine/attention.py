@@ -45,15 +45,18 @@ def attention(q, k, v, visible):
     q: [B, Tq, n_heads, d]; k, v: [B, Tk, n_kv_heads, d]; visible: [B, Tq, Tk] bool,
     True where a query may see a key.  Returns [B, Tq, n_heads, d].
     GQA: query head h uses KV head h // (n_heads // n_kv_heads), HF's repeat_kv layout.
-    The K/V heads are repeated explicitly rather than with SDPA's ``enable_gqa``,
-    because with a mask that flag sends CUDA to the slow math kernel.
+    The G query heads of a group are stacked along the query axis, so that each KV
+    head is read once for all of them (no repeated copy of K and V; SDPA's own
+    ``enable_gqa`` is avoided because, with a mask, it sends CUDA to the slow math kernel).
     """
-    groups = q.shape[2] // k.shape[2]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=visible[:, None])  # heads go second for SDPA
-    return out.transpose(1, 2)
+    B, Tq, H, d = q.shape
+    kv_heads = k.shape[2]
+    G = H // kv_heads
+    qg = q.transpose(1, 2).reshape(B, kv_heads, G * Tq, d)  # head h = kv * G + g; rows (g, t)
+    mask = visible[:, None] if G == 1 else visible[:, None, None].expand(B, 1, G, Tq, visible.shape[-1]).reshape(
+        B, 1, G * Tq, visible.shape[-1])
+    out = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)  # heads second
+    return out.reshape(B, H, Tq, d).transpose(1, 2)
 
 
 def causal_attention(q, k, v, q_positions, k_positions):
