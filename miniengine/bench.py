@@ -257,7 +257,7 @@ def spec(args) -> int:
     serve(plain, "greedy")  # warm-up
     base = {m: min(serve(plain, m) for _ in range(args.runs)) for m in modes}  # the fastest of a few runs
     drafts = {name: d for name, d in DRAFTS.items() if (paths.MODELS / d / "config.json").exists()}
-    rows = []
+    rows, split = [], {}
     for name, draft in drafts.items():
         for verifier in ("coupled", "rejection"):
             for mode in modes:
@@ -269,6 +269,7 @@ def spec(args) -> int:
                     same = outs == base[mode][1]
                     rows.append((name, verifier, mode, gamma, sd.alpha, sd.tokens_per_call,
                                  expected_tokens_per_call(sd.alpha, gamma), base[mode][0] / seconds, same))
+                    split[(name, verifier, mode, gamma)] = dict(sd.seconds, calls=sd.target_calls)
     print(f"speculative decoding at batch 1: {args.prompts} prompts of {args.prompt_tokens} tokens, {args.new_tokens} new "
           f"tokens each, sampled = temperature 0.8, top-k 40; wall speedup against plain decoding (fastest of "
           f"{args.runs} runs), torch threads {torch.get_num_threads()}")
@@ -287,8 +288,13 @@ def spec(args) -> int:
         print(f"  alpha {alpha:.1f}: " + ", ".join(
             f"γ={g} {paper_gpu_speedup(alpha, g, llama3_70b(), llama3_8b(), GPUS['H100']):.2f}x" for g in (2, 4, 8)))
     best = "distilled" if "distilled" in drafts else "shipped"
-    row = next((r for r in rows if r[0] == best and r[2] == "greedy" and r[3] == 4), None)
+    row = next((r for r in rows if r[0] == best and r[1] == "coupled" and r[2] == "greedy" and r[3] == 4), None)
     if row is not None:
+        sp = split[(best, "coupled", "greedy", 4)]
+        plain_step = base["greedy"][0] / (args.prompts * args.new_tokens)
+        print(f"where the time goes ({best} draft, coupled, greedy, γ=4), per target call: "
+              + ", ".join(f"{k} {1e3 * v / sp['calls']:.2f} ms" for k, v in sp.items() if k != "calls")
+              + f"; a plain decode step takes {1e3 * plain_step:.2f} ms")
         print(f"{best} draft, greedy, γ=4: alpha {row[4]:.2f}, tokens per target call {row[5]:.2f}, "
               f"wall speedup {row[7]:.2f}x")
     return 0 if all(r[8] for r in rows if r[1] == "coupled" or r[2] == "greedy") else 1

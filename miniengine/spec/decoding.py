@@ -19,6 +19,8 @@ Each sequence accepts a different number of tokens in the same step.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..engine.scheduler import ScheduledBatch
@@ -51,13 +53,24 @@ class SpeculativeDecoder:
                                       "coupled" if verifier == "coupled" else "rejection")
         self.accepted = self.drafted = self.target_calls = 0  # for alpha and tokens per target call
         self.verified = self.rejected = 0  # verifications (one per decoding sequence per step), and those that rejected
+        self.seconds = {"draft": 0.0, "target": 0.0, "verify and the rest": 0.0}  # where a speculative step's time goes
 
     def step(self, batch: ScheduledBatch) -> list:
+        t0 = time.perf_counter()
+        out = self._step(batch)
+        total = time.perf_counter() - t0
+        self.seconds["verify and the rest"] += total - self._draft_s - self._target_s
+        return out
+
+    def _step(self, batch: ScheduledBatch) -> list:
         sched, runner, kv = self.engine.scheduler, self.engine.runner, self.engine.kv
         decodes = batch.seqs[: batch.num_decodes]
         self.proposer.release({s.seq_id for s in sched.running})
         gammas = [sched.lookahead(s) for s in decodes]
+        t = time.perf_counter()
         drafts, qs = self.proposer.propose(decodes, gammas)
+        self._draft_s = time.perf_counter() - t
+        self.seconds["draft"] += self._draft_s
         fed = list(batch.num_new_tokens)
         for i, (s, d) in enumerate(zip(decodes, drafts)):
             s.token_ids.extend(d)  # only for this pass: the runner feeds token_ids[num_cached:]
@@ -65,7 +78,10 @@ class SpeculativeDecoder:
         step = ScheduledBatch(batch.seqs, fed, batch.num_decodes)
         ends = torch.tensor(fed).cumsum(0)
         rows = [r for i, (e, n) in enumerate(zip(ends.tolist(), fed)) for r in (range(e - n, e) if i < len(decodes) else [e - 1])]
+        t = time.perf_counter()
         logits = runner.forward(step, rows)
+        self._target_s = time.perf_counter() - t
+        self.seconds["target"] += self._target_s
         for s, d in zip(decodes, drafts):
             del s.token_ids[len(s.token_ids) - len(d):]
         self.target_calls += 1
