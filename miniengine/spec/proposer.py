@@ -55,7 +55,8 @@ class DraftProposer:
         if view is None:
             view = self.views[seq.seq_id] = DraftView(seq)
             return view
-        keep = min(view.num_cached_tokens, common_prefix(view.token_ids, seq.token_ids))
+        # At least the last token stays to be fed: the draft needs a new row to propose from.
+        keep = min(view.num_cached_tokens, common_prefix(view.token_ids, seq.token_ids), len(seq.token_ids) - 1)
         view.token_ids, view.num_cached_tokens = list(seq.token_ids), keep
         if view.kv is not None:
             self.kv.truncate(view, keep)
