@@ -133,12 +133,16 @@ def write_card(model_dir: Path, target_dir: Path | None = None) -> str:
                              SamplingParams(temperature=0, max_tokens=48), dtype=torch.float32)
     rate, results = parse_rate(model, tok)
     tail = 10  # average the last train losses: one batch is noisy
+    teacher = log["config"].get("distilled_from")
     lines = [
         f"# Model card: `{model_dir.name}`",
         "",
         "A tiny Llama trained by this project on the Python standard library's own source "
-        "(`python -m miniengine train`; see `miniengine/train.py`). Weights are fp32 safetensors in the "
-        "Hugging Face Llama layout; `transformers` loads them as `LlamaForCausalLM`.",
+        "(`python -m miniengine train`; see `miniengine/train.py`)"
+        + (f", distilled from `{teacher}`: its loss is the KL divergence from the teacher's next-token distribution "
+           f"at every position (`--distill-from`), not the corpus's next token" if teacher else "")
+        + ". Weights are fp32 safetensors in the Hugging Face Llama layout; `transformers` loads them as "
+        "`LlamaForCausalLM`.",
         "",
         "| | |",
         "|---|---|",
@@ -151,7 +155,8 @@ def write_card(model_dir: Path, target_dir: Path | None = None) -> str:
         f"| corpus | {log['train_files']} train files, {log['val_files']} validation files (split by file) |",
         f"| tokens seen | {log['tokens_seen']:,} ({log['config']['steps']} steps x {log['config']['batch']} x {log['config']['seq_len']}) |",
         f"| wall time | {log['seconds'] / 60:.1f} min on a 2-core CPU |",
-        f"| train loss (mean of last {tail} steps) | {np.mean(log['train_loss'][-tail:]):.3f} |",
+        f"| train loss{' (KL to the teacher)' if teacher else ''} (mean of last {tail} steps) | "
+        f"{np.mean(log['train_loss'][-tail:]):.3f} |",
         f"| validation loss | {log['val_loss'][-1]:.3f} (best {min(log['val_loss']):.3f}) |",
         f"| greedy function completions that parse with `ast` | {rate:.0%} ({round(rate * len(results))}/{len(results)}) |",
     ]

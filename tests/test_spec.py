@@ -240,3 +240,21 @@ def test_coupled_acceptance_lies_between_the_gumbel_coupling_bounds(models, gold
     se = 4 * np.sqrt(0.25 / n)
     print(f"coupled agreement {same:.3f}; bounds [{(1 - tv) / (1 + tv):.3f}, {1 - tv:.3f}]")
     assert (1 - tv) / (1 + tv) - se <= same <= 1 - tv + se
+
+
+def test_the_distilled_draft_agrees_more_at_under_a_tenth_of_the_size():
+    """Issue target: at least 65% top-1 agreement with the target, at no more than 10% of its parameters."""
+    from miniengine.modelcard import top1_agreement
+    from miniengine.paths import MODELS
+    from miniengine.tokenizer import load_tokenizer
+    target, distilled = load_model(TARGET), load_model(MODELS / "draft-distilled")
+    assert distilled.num_parameters() <= 0.10 * target.num_parameters()
+    assert top1_agreement(distilled, target, load_tokenizer(TARGET), n_windows=16) >= 0.65
+
+
+def test_the_distilled_draft_keeps_coupled_speculation_exact(golden):
+    llm = LLM(speculative_model="draft-distilled", num_speculative_tokens=4)
+    check_cases(llm, golden["cases"])
+    shipped = LLM(speculative_model="draft", num_speculative_tokens=4)
+    check_cases(shipped, golden["cases"])
+    assert llm.engine.spec.alpha > shipped.engine.spec.alpha
