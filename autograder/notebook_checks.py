@@ -293,6 +293,9 @@ COURSE_PARTS = {
     "gather_history": ("miniengine.kv.paged", "gather_history"),
     # Lab 06: the draft model's own cache keeps the course's block manager, whose truncate the lab forbids
     "DraftBlockManager": ("miniengine.kv.block_manager", "BlockManager"),
+    # Lab 07: Int4GroupWise's tests run it on the course's packing
+    "pack_int4": ("miniengine.layers.quant", "pack_int4"),
+    "unpack_int4": ("miniengine.layers.quant", "unpack_int4"),
 }
 _TAKES_LOGITS = {"greedy", "top_k_mask", "top_p_mask", "sample"}  # lent with their first argument made numpy float64
 

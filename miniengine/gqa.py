@@ -45,7 +45,7 @@ def convert(model: Llama, kv_heads: int, pool=mean_pool_kv) -> Llama:
                          f"heads: convert an MHA model")
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or c.num_attention_heads % kv_heads:
         raise ValueError(f"kv_heads must be a divisor of num_attention_heads={c.num_attention_heads}, got {kv_heads!r}")
-    out = Llama(dataclasses.replace(c, num_key_value_heads=kv_heads)).to(model.dtype)
+    out = Llama(dataclasses.replace(c, num_key_value_heads=kv_heads)).to(device=model.device, dtype=model.dtype)
     state = copy.deepcopy(model.state_dict())
     for i in range(c.num_hidden_layers):
         for proj in ("k_proj", "v_proj"):

@@ -68,14 +68,15 @@ def lm_loss(model: Llama, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(model: Llama, stream: np.ndarray, seq_len: int, n_windows: int = 32) -> float:
-    """Mean loss over fixed, evenly spaced windows of the validation stream."""
+    """Mean loss over fixed, evenly spaced windows of the validation stream (the model's mode is restored)."""
+    was_training = model.training
     model.eval()
     starts = np.linspace(0, len(stream) - seq_len - 1, n_windows).astype(np.int64)
     losses = []
     for s in starts:
         x = torch.from_numpy(stream[s : s + seq_len + 1].astype(np.int64)).to(model.device)
         losses.append(lm_loss(model, x[None, :-1], x[None, 1:]).item())
-    model.train()
+    model.train(was_training)
     return float(np.mean(losses))
 
 
