@@ -72,3 +72,15 @@ def test_the_shipped_gqa_model_has_two_kv_heads_and_a_quarter_of_the_kv():
     card = (MODELS / golden_mod.GQA_MODEL / "README.md").read_text()
     for row in ("MHA target", "converted (mean-pooled)", "uptrained"):
         assert f"| {row}" in card
+
+
+def test_the_gqa_model_is_exact_in_a_per_sequence_layout_too():
+    """The third kind of KV layout: one cache object per sequence (Lab 02's shape), here the loop-based one
+    tests/test_engine_core.py writes independently of the course's code."""
+    from miniengine.kv import PerSequenceKV
+    from test_engine_core import LoopBackend, LoopCache
+    cases = gqa_cases()[::2]
+    model = load_model(MODELS / golden_mod.GQA_MODEL)
+    llm = LLM(model=model, kv=PerSequenceKV(LoopCache, LoopBackend, model.config, torch.float32, "cpu"))
+    outs = llm.generate([c["prompt_token_ids"] for c in cases], [SamplingParams(**c["params"]) for c in cases])
+    assert [o.token_ids for o in outs] == [c["token_ids"] for c in cases]
