@@ -145,14 +145,13 @@ class LLMEngine:
                 raise RuntimeError(f"the scheduling policy admitted no request while none is running, with "
                                    f"{len(self.scheduler.waiting)} waiting: the engine would stall")
             return []
+        forking = {s.seq_id for s in batch.seqs if s.fork_pending}
         if self.spec is not None and batch.num_decodes:
-            stepped, finished = self.spec.step(batch)
+            finished = self.spec.step(batch)
         else:
-            forking = {s.seq_id for s in batch.seqs if s.fork_pending}
-            tokens = self.runner.run(batch)
-            finished = self.scheduler.postprocess(batch, tokens)
-            # A request that forked in this step got a token in every completion.
-            stepped = [c for s in batch.seqs for c in (s.completions if s.seq_id in forking else [s])]
+            finished = self.scheduler.postprocess(batch, self.runner.run(batch))
+        # A request that forked in this step got a token in every completion.
+        stepped = [c for s in batch.seqs for c in (s.completions if s.seq_id in forking else [s])]
         for seq in finished:
             if seq.request_finished and seq.request_id in self.requests:
                 del self.requests[seq.request_id]  # finished: its id may be used again

@@ -27,9 +27,6 @@ from ..engine.scheduler import ScheduledBatch
 from .proposer import DraftProposer
 from .verify import coupled_verify, rejection_verify
 
-VERIFIERS = ("coupled", "rejection")
-
-
 def check_emitted(emitted, drafts) -> None:
     """A verifier is a plug point: say exactly which rule its answer breaks."""
     if not isinstance(emitted, (list, tuple)) or not 1 <= len(emitted) <= len(drafts) + 1:
@@ -56,21 +53,14 @@ class SpeculativeDecoder:
         self.seconds = {"draft": 0.0, "target": 0.0, "verify and the rest": 0.0}  # where a speculative step's time goes
 
     def step(self, batch: ScheduledBatch) -> list:
+        """Draft, verify and roll back; returns the sequences that finished (the engine reports who stepped)."""
         t0 = time.perf_counter()
-        out = self._step(batch)
-        total = time.perf_counter() - t0
-        self.seconds["verify and the rest"] += total - self._draft_s - self._target_s
-        return out
-
-    def _step(self, batch: ScheduledBatch) -> list:
         sched, runner, kv = self.engine.scheduler, self.engine.runner, self.engine.kv
         decodes = batch.seqs[: batch.num_decodes]
         self.proposer.release({s.seq_id for s in sched.running})
         gammas = [sched.lookahead(s) for s in decodes]
-        t = time.perf_counter()
         drafts, qs = self.proposer.propose(decodes, gammas)
-        self._draft_s = time.perf_counter() - t
-        self.seconds["draft"] += self._draft_s
+        t_draft = time.perf_counter()
         fed = list(batch.num_new_tokens)
         for i, (s, d) in enumerate(zip(decodes, drafts)):
             s.token_ids.extend(d)  # only for this pass: the runner feeds token_ids[num_cached:]
@@ -78,10 +68,9 @@ class SpeculativeDecoder:
         step = ScheduledBatch(batch.seqs, fed, batch.num_decodes)
         ends = torch.tensor(fed).cumsum(0)
         rows = [r for i, (e, n) in enumerate(zip(ends.tolist(), fed)) for r in (range(e - n, e) if i < len(decodes) else [e - 1])]
-        t = time.perf_counter()
+        t_forward = time.perf_counter()
         logits = runner.forward(step, rows)
-        self._target_s = time.perf_counter() - t
-        self.seconds["target"] += self._target_s
+        t_target = time.perf_counter()
         for s, d in zip(decodes, drafts):
             del s.token_ids[len(s.token_ids) - len(d):]
         self.target_calls += 1
@@ -104,13 +93,14 @@ class SpeculativeDecoder:
         prefills = ScheduledBatch(batch.seqs[batch.num_decodes:], batch.num_new_tokens[batch.num_decodes:])
         if prefills.seqs:
             out += runner.sample(prefills, logits[r:])
-        forking = {s.seq_id for s in prefills.seqs if s.fork_pending}
         finished = sched.postprocess(step, out)
         for s in decodes:
             if not s.is_finished:
                 kv.truncate(s, s.num_cached_tokens)
-        stepped = [c for s in batch.seqs for c in (s.completions if s.seq_id in forking else [s])]
-        return stepped, finished
+        self.seconds["draft"] += t_draft - t0
+        self.seconds["target"] += t_target - t_forward
+        self.seconds["verify and the rest"] += time.perf_counter() - t0 - (t_draft - t0) - (t_target - t_forward)
+        return finished
 
     @property
     def tokens_per_call(self) -> float:

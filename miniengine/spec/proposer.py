@@ -9,8 +9,8 @@ target's layout: its sequences grow and shrink by a few tokens every step.
 """
 from __future__ import annotations
 
-import torch
-
+from ..engine.model_runner import ModelRunner
+from ..engine.scheduler import ScheduledBatch
 from ..kv.paged import PagedKV
 from .verify import draft_token
 
@@ -41,6 +41,7 @@ class DraftProposer:
     def __init__(self, model, num_blocks: int, block_size: int, verifier: str):
         self.model, self.verifier = model, verifier
         self.kv = PagedKV(model.config, num_blocks, block_size, model.dtype, model.device)
+        self.runner = ModelRunner(model, self.kv, sampler=None)  # its forward only: the draft samples below
         self.views: dict[int, DraftView] = {}
 
     def release(self, live_seq_ids) -> None:
@@ -62,12 +63,10 @@ class DraftProposer:
             self.kv.truncate(view, keep)
         return view
 
-    @torch.inference_mode()
     def propose(self, seqs, gammas) -> tuple[list[list[int]], list[list]]:
         """Up to ``gammas[i]`` drafted tokens for each sequence, and (rejection sampling) the q rows they came from."""
         views = [self._sync(s) for s in seqs]
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
-        device = self.model.device
         for j in range(max(gammas, default=0)):
             active = [i for i, g in enumerate(gammas) if g > j]
             batch = [views[i] for i in active]
@@ -79,10 +78,7 @@ class DraftProposer:
                 else:
                     self.kv.cover(v, v.num_tokens)
             new = [v.num_tokens - v.num_cached_tokens for v in batch]
-            ids = torch.tensor([t for v in batch for t in v.token_ids[v.num_cached_tokens:]], device=device)
-            backend = self.kv.backend(batch, new)
-            rows = torch.tensor(new, device=device).cumsum(0) - 1
-            logits = self.model(ids, backend.positions(device), backend, logits_indices=rows).double().cpu().numpy()
+            logits = self.runner.forward(ScheduledBatch(batch, new)).double().cpu().numpy()  # each view's last row
             for i, v, n, row in zip(active, batch, new, logits):
                 v.num_cached_tokens += n
                 tok, q = draft_token(row, v.params, v.num_tokens, self.verifier)
