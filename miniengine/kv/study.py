@@ -83,14 +83,14 @@ def kv_study(requests, kv_tokens: int, layout: str, block_size: int = 16, max_to
         seq = Sequence([_OTHER] * r.prompt_len, SamplingParams(max_tokens=max_tokens))
         output_len[seq.seq_id] = min(r.output_len, max_tokens)
         scheduler.add(seq)
-    used_sum = held_sum = running_sum = used_running = busy_steps = steps = max_running = 0
+    used_sum = held_sum = running_sum = all_running = busy_steps = steps = max_running = 0
     while scheduler.has_unfinished():
         batch = scheduler.schedule()
         if not batch.seqs:
             raise RuntimeError("the KV pool cannot hold even one waiting request: raise kv_tokens")
         used_sum += sum(s.num_tokens for s in scheduler.running)
         held_sum += held()
-        used_running += len(scheduler.running)
+        all_running += len(scheduler.running)
         if scheduler.waiting:  # memory, not the queue, limits the batch
             running_sum += len(scheduler.running)
             busy_steps += 1
@@ -99,6 +99,6 @@ def kv_study(requests, kv_tokens: int, layout: str, block_size: int = 16, max_to
         tokens = [_EOS if len(s.output_token_ids) + 1 >= output_len[s.seq_id] else _OTHER for s in batch.seqs]
         scheduler.postprocess(batch, tokens)
     if not busy_steps:  # nobody ever waited: the queue, not memory, was the limit; average over every step
-        running_sum, busy_steps = used_running, steps
+        running_sum, busy_steps = all_running, steps
     return KVStudy(layout, kv_tokens, used_sum / held_sum, running_sum / busy_steps, max_running,
                    scheduler.num_preemptions, steps)
