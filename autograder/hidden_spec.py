@@ -64,6 +64,11 @@ def two_per_kind(cases: list[dict]) -> list[dict]:
     return first + one_per_kind([c for c in cases if c not in first])
 
 
+def three_per_kind(cases: list[dict]) -> list[dict]:
+    first = two_per_kind(cases)
+    return first + one_per_kind([c for c in cases if c not in first])
+
+
 SELECTORS = {
     "all": lambda cases: list(cases),
     "greedy": lambda cases: [c for c in cases if c["params"]["temperature"] == 0],
@@ -71,6 +76,8 @@ SELECTORS = {
     "one_per_kind": one_per_kind,
     "two_per_kind": two_per_kind,
     "first_six": lambda cases: list(cases[:6]),
+    "three_per_kind": three_per_kind,
+    "first_two": lambda cases: list(cases[:2]),
 }
 
 
@@ -93,11 +100,25 @@ SPECS: dict[tuple[str, str], list[Due]] = {
     ("lab01_naive_decode", "sample-hidden"): [Due("golden", "all", ("token_ids",))],
     ("lab01_naive_decode", "decode-hidden"): [Due("golden", "one_per_kind", ("token_ids", "tokens_processed"))],
     ("lab01_naive_decode", "engine-hidden"): [Due("golden", "all", ("token_ids",))],
-    # lab02 (entries for lab02_kv_cache go here)
-    # lab04 (entries for lab04_continuous_batching go here)
-    # lab05 (entries for lab05_paged_attention go here)
-    # lab06 (entries for lab06_speculative_decoding go here)
-    # lab07 (entries for lab07_gqa_and_quantization go here)
+    # lab02: CachedAttention steps five runs in one mixed batch, each on its own tokens; cached_decode two of each kind
+    ("lab02_kv_cache", "backend-hidden"): [Due("golden", "one_per_kind", ("token_ids", "chosen_logits"))],
+    ("lab02_kv_cache", "decode-hidden"): [Due("golden", "two_per_kind", ("token_ids", "chosen_logits"))],
+    ("lab02_kv_cache", "engine-hidden"): [Due("golden", "all", ("token_ids",))],
+    # lab04: replay-hidden reports its burst; its Poisson trace of the same cases must agree with it, in the kernel
+    ("lab04_continuous_batching", "replay-hidden"): [Due("golden", "two_per_kind", ("token_ids",))],
+    ("lab04_continuous_batching", "engine-hidden"): [Due("golden", "all", ("token_ids",))],
+    # lab05: the engine serves three of each kind under pressure; sharing forks the first two n > 1 requests and serves
+    # two of each kind side by side (copy-on-write, block tables and concurrency are checked in the kernel)
+    ("lab05_paged_attention", "engine-hidden"): [Due("golden", "three_per_kind", ("token_ids",))],
+    ("lab05_paged_attention", "sharing-hidden"): [Due("golden", "first_two", ("completions",), "fork_cases"),
+                                                  Due("golden", "two_per_kind", ("token_ids",))],
+    # lab06: chisquare-hidden needs a hidden prompt only; rollback-hidden's second run must repeat its first (in the
+    # kernel); engine-hidden's sampled requests (rejection sampling) are checked for invariants only
+    ("lab06_speculative_decoding", "rollback-hidden"): [Due("golden", "two_per_kind", ("token_ids",)),
+                                                        Due("golden", "first_two", ("completions",), "fork_cases")],
+    ("lab06_speculative_decoding", "engine-hidden"): [Due("golden", "greedy", ("token_ids",))],
+    # lab07: the int4 engine's tokens; its GQA model is checked in the kernel (KV bytes, the pooled K/V weights)
+    ("lab07_gqa_and_quantization", "engine-hidden"): [Due("int4", "all", ("token_ids",))],
 }
 
 
@@ -148,7 +169,8 @@ def compare(field: str, got, want) -> str | None:
         if not (isinstance(got, list) and len(got) == len(want)):
             return f"expected {len(want)} completions, got {len(got) if isinstance(got, list) else type(got).__name__}"
         for i, (g, w) in enumerate(zip(got, want)):
-            why = compare("token_ids", g, w)
+            # a golden completion is a dict: {"index", "seed", "token_ids", "finish_reason"}
+            why = compare("token_ids", g, w["token_ids"] if isinstance(w, dict) else w)
             if why:
                 return f"completion {i}: {why}"
         return None
