@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+NO_LSP_SEARCH := $(VENV)/etc/jupyter/jupyter_server_config.json
 
 # Keep Jupyter, IPython and matplotlib from writing to the user's home directory.
 export JUPYTER_CONFIG_DIR := $(CURDIR)/$(VENV)/home/jupyter-config
@@ -19,7 +20,15 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup lab test regress release bench gpu-check clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(NO_LSP_SEARCH)
+
+# jupyter-lsp (part of JupyterLab) searches for language servers when JupyterLab starts: where node is installed
+# it runs `npm prefix -g`, and npm writes a log to ~/.npm/_logs/.  The course installs no language server, so the
+# search is turned off in the venv's own Jupyter config (merged into what is there).  A rule of its own, not a
+# line in $(STAMP)'s, so that a venv set up before it gets it too, without reinstalling.
+$(NO_LSP_SEARCH): $(STAMP)
+	$(PY) -c "from jupyter_server.config_manager import BaseJSONConfigManager as C; \
+	C(config_dir='$(@D)').update('jupyter_server_config', {'LanguageServerManager': {'autodetect': False}})"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "== setting up $(VENV) (pinned set from constraints.txt) =="

@@ -5,6 +5,7 @@ itself is not modified), then prints every test cell's result the way the
 grader would judge it.  A test cell the student edited runs in its released
 form when the release is at hand (course/release/), as it will when graded.
 Hidden test cells are empty in the student edition: they are listed, not run.
+Like the grader, it runs the labs' measurements short (``GRADING_ENVIRONMENT``).
 Exit status 0 when every visible test passed.
 """
 from __future__ import annotations
@@ -13,9 +14,16 @@ import copy
 import os
 import time
 from pathlib import Path
+from unittest import mock
 
 from . import environment, layout, results
 from .sandbox import MEMORY_ENV
+
+# What nbgrader's autograde puts in the environment of the kernel that grades (nbgrader/converters/autograde.py).
+# The labs' timing cells run their short version when NBGRADER_EXECUTION is set (autograder/README.md, Notebook
+# conventions, rule 2), so check, which previews the grade, sets it the same way: the same short runs, the same
+# value for any cell that looks at it, and a check about as long as grading instead of minutes longer.
+GRADING_ENVIRONMENT = {"NBGRADER_EXECUTION": "autograde"}
 
 
 def _is_empty(source: str) -> bool:
@@ -47,10 +55,13 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
               and not c.metadata.nbgrader.get("solution") and compute_checksum(c) != c.metadata.nbgrader["checksum"]}
     restored = restore_test_cells(nb, edited)
     tests = results.test_cells(nb)
-    print(f"running {notebook} in a fresh kernel ({timeout} s per cell) ...", flush=True)
+    print(f"running {notebook} in a fresh kernel ({timeout} s per cell; measurements run short, as when graded) ...",
+          flush=True)
     start = time.monotonic()
     executor = GuardedExecute(timeout=timeout, kernel_name="python3", extra_arguments=kernel_arguments())
-    ran, _ = executor.preprocess(copy.deepcopy(nb), {"metadata": {"path": str(notebook.parent.resolve())}})
+    # The kernel inherits the environment when it starts; patch.dict puts back whatever was there before.
+    with mock.patch.dict(os.environ, GRADING_ENVIRONMENT):
+        ran, _ = executor.preprocess(copy.deepcopy(nb), {"metadata": {"path": str(notebook.parent.resolve())}})
     seconds = time.monotonic() - start
 
     cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in ran.cells if c.get("metadata", {}).get("nbgrader")}
@@ -76,8 +87,12 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if cell.cell_type == "code" and errors and gid not in cells_of(tests):
+            label = f"cell {index}{f' ({gid})' if gid else ''}"
+            if results.timed_out(cell):  # its KeyboardInterrupt is the grader's interrupt, not the student's bug
+                print(f"  note: {label} {results.timeout_message(timeout)}")
+                continue
             e = errors[0]
-            print(f"  note: cell {index}{f' ({gid})' if gid else ''} raised {results.describe_error(e.get('ename'), e.get('evalue'), 120)}")
+            print(f"  note: {label} raised {results.describe_error(e.get('ename'), e.get('evalue'), 120)}")
     kind = "visible tests" if any(_is_empty(t.source) for t in tests) or not any(t.hidden for t in tests) else "tests"
     print(f"\n{visible_ok} of {visible_n} {kind} passed ({points:g} of {max_points:g} points) in {seconds:.0f} s")
     return 0 if visible_ok == visible_n else 1

@@ -89,19 +89,33 @@ def describe_error(ename, evalue, limit: int = 300) -> str:
     return f"{ename}: {message}" if message else str(ename)
 
 
+# What a cell that ran past the per-cell limit holds: nbgrader's Execute interrupts the kernel, so the cell
+# raises KeyboardInterrupt, and then adds its own CellTimeoutError.  Nobody else interrupts a grading
+# kernel, so either one means the limit was hit.
+TIMEOUT_ERRORS = (TIMEOUT, "KeyboardInterrupt")
+
+
+def timed_out(cell) -> bool:
+    """Whether an executed cell ran past the per-cell limit and was interrupted."""
+    return any(o.get("output_type") == "error" and o.get("ename") in TIMEOUT_ERRORS for o in cell.get("outputs", []))
+
+
+def timeout_message(timeout: int) -> str:
+    return f"ran past the {timeout} s limit per cell and was interrupted"
+
+
 def judge(cell, score: float | None, test: TestCell, timeout: int) -> TestResult:
     """The status of one autograded test cell, from nbgrader's score and the cell's outputs."""
     points = float(score or 0.0)
     outputs = cell.get("outputs", [])
     errors = [o for o in outputs if o.get("output_type") == "error"]
-    enames = [o.get("ename") for o in errors]
 
     def result(status, message=""):
         return TestResult(test.grade_id, points if status == PASSED else min(points, test.max_points),
                           test.max_points, status, first_line(message), test.hidden)
 
-    if TIMEOUT in enames or "KeyboardInterrupt" in enames:
-        return result(TIMED_OUT, f"ran past the {timeout} s limit per cell and was interrupted")
+    if timed_out(cell):
+        return result(TIMED_OUT, timeout_message(timeout))
     if points >= test.max_points and not errors:
         return result(PASSED)
     if errors:

@@ -6,10 +6,13 @@ course/ or student/.
 from __future__ import annotations
 
 import json
+import re
 
 import nbformat
 import pytest
+from nbformat.v4 import new_code_cell, new_notebook
 
+from autograder import results
 from test_autograder_support import REPO, explain, isolated_env, run_cli
 
 pytestmark = pytest.mark.slow
@@ -92,3 +95,52 @@ def test_a_notebook_over_its_total_time_limit_is_stopped(tmp_path):
     assert {t["status"] for t in student["tests"]} == {"timeout"} and student["score"] == 0
     assert "took over 12 s in total" in student["tests"][0]["message"]
     assert student["seconds"] < 45
+
+
+def _test_cell(grade_id: str, source: str):
+    return new_code_cell(source, metadata={"nbgrader": {"grade": True, "solution": False, "locked": True,
+                                                        "grade_id": grade_id, "points": 1, "schema_version": 3}})
+
+
+@pytest.fixture(scope="module")
+def checked_synthetic(tmp_path_factory):
+    """``check`` with a 3 s limit per cell on a tiny lab: a measurement written the labs' way, then an ungraded
+    cell and a test cell that each sleep past the limit.  One run (about 10 s) serves the tests below."""
+    work = tmp_path_factory.mktemp("check")
+    cells = [
+        new_code_cell("FAST = False\nDEVICE = 'cpu'\nSEED = 0", metadata={"tags": ["parameters"]}),
+        # autograder/README.md, Notebook conventions, rule 2: the grader always runs the short version
+        new_code_cell("import os, time\nn_new = 48 if FAST or os.environ.get('NBGRADER_EXECUTION') else 320"),
+        _test_cell("measured-short", "assert n_new == 48, f'the measurement ran {n_new} tokens, not the short 48'\n"
+                                     "assert os.environ['NBGRADER_EXECUTION'] == 'autograde'"),
+        new_code_cell("time.sleep(60)"),
+        _test_cell("sleeps", "time.sleep(60)"),
+        _test_cell("after", "assert n_new == 48"),  # the kernel goes on after an interrupted cell
+    ]
+    notebook = work / "timing.ipynb"
+    nbformat.write(new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                      "language": "python"}}), str(notebook))
+    return run_cli("check", notebook, "--timeout", 3, env=isolated_env(work), cwd=work, timeout=120)
+
+
+def _status(r, grade_id: str) -> str:
+    found = re.search(rf"^  {re.escape(grade_id)}\s+1 pts  (.*)$", r.stdout, re.M)
+    assert found, f"no line for {grade_id}\n" + explain(r)
+    return found.group(1)
+
+
+def test_check_runs_measurements_short_as_grading_does(checked_synthetic):
+    r = checked_synthetic
+    assert _status(r, "measured-short") == results.PASSED, explain(r)
+    assert "measurements run short, as when graded" in r.stdout
+
+
+def test_check_reports_a_timeout_as_a_timeout(checked_synthetic):
+    r = checked_synthetic
+    assert r.returncode == 1 and "2 of 3 visible tests passed" in r.stdout, explain(r)
+    # a test cell: the grader's status for it, with its reason
+    assert _status(r, "sleeps") == f"{results.TIMED_OUT}: ran past the 3 s limit per cell and was interrupted", explain(r)
+    # an ungraded cell: a note that says what happened, not the KeyboardInterrupt the interrupt raised in it
+    assert "note: cell 3 ran past the 3 s limit per cell and was interrupted" in r.stdout, explain(r)
+    assert "KeyboardInterrupt" not in r.stdout, explain(r)
+    assert _status(r, "after") == results.PASSED, explain(r)
