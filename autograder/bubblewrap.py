@@ -41,8 +41,10 @@ ENGINE_PARTS = ("miniengine", "autograder", "data")  # what the kernel may impor
 class Sandbox:
     work: str      # the kernel's current folder, the only place it may write (besides its tmpfs)
     runtime: str   # connection file and kernel sockets, shared with the worker
-    cases: str     # the hidden files' inputs (autograder.hidden_spec.public_view)
+    cases: str     # where the hidden files' inputs appear while a hidden test cell runs (read-only inside)
     uid: int
+    inputs: str = ""  # the grader's copy of those inputs (autograder.hidden_spec.public_view), never mounted
+    hidden_cells: list = dataclasses.field(default_factory=list)  # grade ids of the lab's hidden test cells
     memory_gb: float = 6.0
     cpu_seconds: int = 600
     max_processes: int = 256  # threads count too: torch, ZeroMQ and IPython start a few dozen
@@ -51,11 +53,25 @@ class Sandbox:
 
     def prepare(self) -> None:
         """Make the private folders, owned by the student's uid (the worker runs as root)."""
+        os.makedirs(self.cases, exist_ok=True)
+        self.show_hidden_inputs(False)
         for folder in (self.work, self.runtime):
             os.makedirs(folder, exist_ok=True)
             if os.geteuid() == 0:
                 os.chown(folder, self.uid, self.uid)
             os.chmod(folder, 0o700)
+
+    def show_hidden_inputs(self, shown: bool) -> None:
+        """Put the hidden prompts where the kernel can read them, or take them away again (see GuardedExecute)."""
+        if not self.inputs:
+            return
+        for src in Path(self.inputs).glob("*.json"):
+            dest = Path(self.cases) / src.name
+            if shown:
+                shutil.copyfile(src, dest)
+                dest.chmod(0o644)
+            else:
+                dest.unlink(missing_ok=True)
 
     def wrap(self, argv: list[str]) -> list[str]:
         """The command that runs ``argv`` inside this sandbox."""
@@ -151,7 +167,8 @@ def _set_limits(sandbox: Sandbox) -> None:
             value = min(value, hard)
         resource.setrlimit(which, (value, value))
 
-    cap(resource.RLIMIT_AS, sandbox.memory_gb * 1e9)
+    if sandbox.memory_gb:  # 0: no address-space limit (grade --memory-gb 0)
+        cap(resource.RLIMIT_AS, sandbox.memory_gb * 1e9)
     cap(resource.RLIMIT_CPU, sandbox.cpu_seconds)
     cap(resource.RLIMIT_NPROC, sandbox.max_processes)
     cap(resource.RLIMIT_FSIZE, sandbox.max_file_mb << 20)

@@ -1,4 +1,4 @@
-"""Command line: python -m autograder {release,grade,feedback,check,verify,regress,bench} ...
+"""Command line: python -m autograder {release,grade,feedback,check,verify,regress,bench,publish,colab,book} ...
 
 Works from any directory: paths are resolved against the repository, the
 nbgrader configuration is built in code, and the environment (Jupyter folders,
@@ -8,6 +8,7 @@ unknown labs exit with status 2 and one line on stderr.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -48,10 +49,11 @@ def cmd_grade(args) -> int:
 
     graded = grading.grade(Path(args.path), lab=args.lab, workers=args.workers, timeout=args.timeout,
                            memory_gb=args.memory_gb, time_limit=args.notebook_timeout, student=args.student,
-                           keep=args.keep)
+                           keep=args.keep, sandbox=not args.unsafe_no_sandbox)
     labs = sorted({r.lab for r in graded})
     out = Path(args.out) if args.out else layout.COURSE / "grades" / (labs[0] if len(labs) == 1 else "all")
     csv_path, json_path, kept = results.write_reports(graded, out)
+    results.log_run(out, graded)
     print()
     print(results.table(graded, details=not args.brief))
     print(f"\nwrote {csv_path} and {json_path}"
@@ -90,6 +92,24 @@ def cmd_bench(args) -> int:
     return bench.bench(copies=args.copies, workers=args.workers, lab=args.lab)
 
 
+def cmd_publish(args) -> int:
+    from . import publish
+
+    return publish.publish(Path(args.out), force=args.force)
+
+
+def cmd_colab(args) -> int:
+    from . import colab
+
+    return colab.sync(args.notebooks, check=args.check)
+
+
+def cmd_book(args) -> int:
+    from . import book
+
+    return book.book(Path(args.out) if args.out else None, workers=args.workers, timeout=args.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m autograder", description="Release, grade, check and regression-run the course's notebooks.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="VERB")
@@ -113,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", help="folder for grades.csv and grades.json (default course/grades/LAB)")
     g.add_argument("--brief", action="store_true", help="print only the summary table")
     g.add_argument("--keep", action="store_true", help="keep the per-student nbgrader courses under course/tmp/")
+    g.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="run kernels without the bubblewrap sandbox (only for notebooks you trust; recorded in grades.json)")
     g.set_defaults(func=cmd_grade)
 
     f = sub.add_parser("feedback", help="write one HTML page per graded student, hidden tests removed")
@@ -144,6 +166,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=_positive(int), default=2)
     b.add_argument("--lab", default="lab01")
     b.set_defaults(func=cmd_bench)
+
+    pu = sub.add_parser("publish", help="write the student edition (released labs, lectures, engine, no solutions or hidden data) to OUT_DIR")
+    pu.add_argument("out", metavar="OUT_DIR")
+    pu.add_argument("--force", action="store_true", help="replace what OUT_DIR holds (its .git is kept)")
+    pu.set_defaults(func=cmd_publish)
+
+    co = sub.add_parser("colab", help="rewrite the notebooks' Colab badges and setup cells from [tool.miniengine] in pyproject.toml")
+    co.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="only these notebooks (default: every lecture and lab)")
+    co.add_argument("--check", action="store_true", help="only list the notebooks that disagree; exit 1 if any")
+    co.set_defaults(func=cmd_colab)
+
+    bk = sub.add_parser("book", help="render every lecture, executed (FAST=True), to static HTML with an index")
+    bk.add_argument("out", nargs="?", metavar="OUT_DIR", help="default build/book")
+    bk.add_argument("--workers", type=_positive(int), default=1)
+    bk.add_argument("--timeout", type=_positive(int), default=300, help="seconds per cell (default 300)")
+    bk.set_defaults(func=cmd_book)
     return p
 
 
@@ -153,5 +191,21 @@ def main(argv=None) -> int:
         return args.func(args)
     except layout.LabError as e:
         return _fail(f"python -m autograder {args.command}: error: {e}")
+    except ImportError as e:
+        missing = _missing_module(e)
+        if not missing:
+            raise
+        return _fail(f"python -m autograder {args.command}: not in the student edition (autograder/{missing}.py is instructors' code)")
     except KeyboardInterrupt:
         return _fail(f"python -m autograder {args.command}: interrupted")
+
+
+def _missing_module(e: ImportError) -> str | None:
+    """The autograder module whose absence caused ``e``, else None: the student edition (``publish``) ships only what check needs."""
+    if isinstance(e, ModuleNotFoundError) and (e.name or "").startswith("autograder."):
+        name = e.name.split(".")[1]
+    elif e.name == "autograder" and (m := re.match(r"cannot import name '(\w+)'", str(e))):
+        name = m.group(1)  # `from . import verify` when verify.py is absent
+    else:
+        return None
+    return None if (Path(__file__).parent / f"{name}.py").exists() else name

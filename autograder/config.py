@@ -17,13 +17,12 @@ from . import layout
 COURSE_ID = "miniengine"
 
 
-def nbgrader_config(root: Path | None = None, timeout: int = 60) -> Config:
+def nbgrader_config(root: Path | None = None, timeout: int = 60, kernel_manager_class=None) -> Config:
     from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearHiddenTests, GetGrades,
                                         IgnorePattern, LimitOutput, SaveAutoGrades)
 
     from .execute import GuardedExecute, kernel_arguments
-    from .feedback import HideHiddenTestOutputs
 
     root = Path(root or layout.COURSE)
     c = Config()
@@ -36,11 +35,15 @@ def nbgrader_config(root: Path | None = None, timeout: int = 60) -> Config:
     c.Execute.timeout = int(timeout)
     c.Execute.interrupt_on_timeout = True
     c.Execute.extra_arguments = kernel_arguments()
+    if kernel_manager_class is not None:  # grading: the kernel starts inside the student's sandbox
+        c.GuardedExecute.kernel_manager_class = kernel_manager_class
     # nbgrader's autograde list, with Execute swapped for the version that survives a dead kernel.
     c.Autograde.autograde_preprocessors = [GuardedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
                                            SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
-    # Feedback shows hidden tests unless told not to (fact 5); their outputs are trimmed first.
-    c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, HideHiddenTestOutputs, ClearHiddenTests]
+    # Feedback shows hidden tests unless told not to (fact 5).  `python -m autograder feedback` does not use
+    # nbgrader's feedback at all (autograder/feedback.py builds pages from an allow-list); this is for an
+    # instructor who runs nbgrader's own generate_feedback by hand.
+    c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, ClearHiddenTests]
     return c
 
 
@@ -64,13 +67,13 @@ def write_config_file(root: Path | None = None) -> Path:
     return path
 
 
-def nbgrader_api(root: Path | None = None, timeout: int = 60):
+def nbgrader_api(root: Path | None = None, timeout: int = 60, kernel_manager_class=None):
     """nbgrader's Python API on the course at ``root``; each call returns {success, log, error}."""
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
     root = Path(root or layout.COURSE)
-    config = nbgrader_config(root, timeout)
+    config = nbgrader_config(root, timeout, kernel_manager_class)
     Path(root).mkdir(parents=True, exist_ok=True)
     return NbGraderAPI(CourseDirectory(config=config), config=config)
 

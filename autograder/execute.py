@@ -45,12 +45,20 @@ class GuardedExecute(Execute):
         if self._dead_at is not None:
             cell.outputs = [error_output(NOT_RUN, f"not run: the kernel broke down in cell {self._dead_at} and was not restarted")]
             return cell, resources
+        sandbox = getattr(self.kernel_manager_class, "sandbox", None)
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        hidden = sandbox is not None and grade_id in sandbox.hidden_cells and "BEGIN HIDDEN TESTS" in cell.source
         try:
+            if hidden:  # the hidden prompts exist in the sandbox only while a hidden test cell runs
+                sandbox.show_hidden_inputs(True)
             return super().preprocess_cell(cell, resources, index)
         except DeadKernelError:
             reason = "the kernel died while running this cell (os.kill, a crash, or running out of memory)"
         except Exception as e:  # with allow_errors, only a broken kernel connection gets here
             reason = f"the kernel stopped answering properly while running this cell ({type(e).__name__}: {e})"
+        finally:
+            if hidden:
+                sandbox.show_hidden_inputs(False)
         self._dead_at = index
         cell.outputs.append(error_output(KERNEL_DIED, reason))
         return cell, resources

@@ -1,37 +1,24 @@
-"""``feedback``: nbgrader generate_feedback, with hidden tests removed, and a check that they really are.
+"""``feedback``: one HTML page per graded student, built from an allow-list of what a student may see.
 
-nbgrader's feedback shows hidden tests by default (autograder/README.md, nbgrader
-fact 5); the configuration adds ClearHiddenTests.  That clears a hidden test's
-source, but not its outputs: a failing assert's traceback quotes the hidden
-line, and a student's print inside a graded function would show hidden
-inputs.  ``HideHiddenTestOutputs`` runs first and keeps only the error's one-line
-message.  Finally every page is searched for the hidden tests' lines, and a page
-that contains one is deleted rather than handed out.
+A page holds the score, and per test cell its points, status and the message the
+grader kept (``grading.safe_message``: a visible test's own message, the grader's
+words for a hidden one, never a hidden input), plus the grader's notes.  It is made
+from the results the trusted grader wrote (course/autograded/<student>/<lab>/result.json),
+not from the executed notebook: nothing a submission printed reaches the page unless
+the allow-list let it through.  As a last check, every page is searched for the
+hidden tests' source lines, and a page that contains one is deleted, not handed out.
 """
 from __future__ import annotations
 
 import html
+import json
 import re
 from pathlib import Path
-
-from nbgrader.preprocessors import NbGraderPreprocessor
 
 from . import layout
 
 BEGIN, END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
-
-
-class HideHiddenTestOutputs(NbGraderPreprocessor):
-    """In a cell with hidden tests, replace the outputs by the bare error line, if any."""
-
-    def preprocess_cell(self, cell, resources, index):
-        if cell.cell_type == "code" and BEGIN in cell.source:
-            from .execute import error_output
-
-            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-            cell.outputs = [error_output(e.ename, e.evalue) for e in errors[:1]]
-        return cell, resources
-
+RESULT_FILE = "result.json"
 
 def hidden_lines(nb) -> set[str]:
     """Lines that occur only inside hidden-test regions: finding one in a page means a leak."""
@@ -78,37 +65,57 @@ def _graded_students(lab: str) -> list[str]:
         return []
 
 
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}} td,th{{padding:.2em .6em;text-align:left;
+vertical-align:top}} tr.passed td.status{{color:#17752e}} tr:not(.passed) td.status{{color:#a3161b}}</style></head>
+<body><h1>{title}</h1><p>Score: <b>{score:g} / {max_score:g}</b></p>
+<table><tr><th>test</th><th>kind</th><th>points</th><th>status</th><th>message</th></tr>
+{rows}</table>{notes}
+<p><small>Hidden tests ran on prompts you have not seen; their messages name the case and the step only.</small></p>
+</body></html>
+"""
+
+
+def render(result: dict) -> str:
+    esc = html.escape
+    rows = "\n".join(
+        f'<tr class="{esc(t["status"]).replace(" ", "-")}"><td>{esc(t["test"])}</td>'
+        f'<td>{"hidden" if t["hidden"] else "visible"}</td><td>{t["points"]:g} / {t["max_points"]:g}</td>'
+        f'<td class="status">{esc(t["status"])}</td><td>{esc(t["message"])}</td></tr>' for t in result["tests"])
+    notes = "".join(f"<li>{esc(n)}</li>" for n in result.get("notes", []))
+    return PAGE.format(title=esc(f"{result['lab']}: feedback for {result['student']}"), score=result["score"],
+                       max_score=result["max_score"], rows=rows, notes=f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
+
+
 def feedback(names=None, students=None) -> int:
     import nbformat
 
-    from . import environment
-    from .config import nbgrader_api, succeeded
-
-    environment.prepare()
     labs = layout.find_labs(names)
     graded_any = False
-    api = nbgrader_api()
     status = 0
     for lab in labs:
-        autograded = sorted(p.parent.name for p in (layout.COURSE / "autograded").glob(f"*/{lab.name}"))
-        chosen = [s for s in autograded if not students or s in students]
+        done = sorted(p.parent.parent.name for p in (layout.COURSE / "autograded").glob(f"*/{lab.name}/{RESULT_FILE}"))
+        chosen = [s for s in done if not students or s in students]
         if not chosen:
             print(f"{lab.name}: no graded submissions in course/autograded (run `python -m autograder grade` first)")
             continue
         graded_any = True
         lines = hidden_lines(nbformat.read(lab.source, as_version=4))
         for student in chosen:
-            succeeded(api.generate_feedback(lab.name, student, force=True), f"feedback for {student} ({lab.name})")
-            for page in sorted((layout.COURSE / "feedback" / student / lab.name).glob("*.html")):
-                found = leaks(page, lines)
-                if found:
-                    page.unlink()
-                    print(f"REFUSED {page}: it shows hidden-test source ({found[0]!r}); page deleted", flush=True)
-                    status = 1
-                else:
-                    print(f"wrote {page}")
-        for s in sorted(set(students or _graded_students(lab.name)) - set(autograded)):
-            print(f"{lab.name}: no page for {s}: nothing of theirs ran (a corrupt notebook, or never graded)")
+            result = json.loads((layout.COURSE / "autograded" / student / lab.name / RESULT_FILE).read_text())
+            page = layout.COURSE / "feedback" / student / lab.name / f"{lab.name}.html"
+            page.parent.mkdir(parents=True, exist_ok=True)
+            page.write_text(render(result))
+            found = leaks(page, lines)
+            if found:
+                page.unlink()
+                print(f"REFUSED {page}: it shows hidden-test source ({found[0]!r}); page deleted", flush=True)
+                status = 1
+            else:
+                print(f"wrote {page}")
+        for s in sorted(set(students or _graded_students(lab.name)) - set(done)):
+            print(f"{lab.name}: no page for {s}: nothing of theirs was graded")
     if not graded_any:
         return 1
     return status

@@ -3,16 +3,20 @@
 For every submission:
   1. a notebook that is not valid JSON or not a notebook is reported as ``corrupt
      notebook`` at once (nbgrader would fail the whole run on it: autograder/README.md, nbgrader fact 7);
-  2. a private nbgrader course is made under course/tmp/: a copy of the gradebook
-     (holding the lab's test cells, hidden tests included) and the submission;
+  2. a private nbgrader course is made under course/tmp/: a copy of the lab's gradebook,
+     built from labs/ in this run (never copied from course/), and the submission;
   3. ``python -m autograder.worker`` runs nbgrader autograde there, with a time
-     limit per cell and one for the whole notebook, and a memory limit in the kernel;
-  4. each test cell gets its points and a status (``results``), and the results are
-     merged into course/gradebook.db and course/autograded/ for ``feedback``.
+     limit per cell and one for the whole notebook; the kernel runs in the student's
+     own bubblewrap sandbox (``autograder.bubblewrap``), with a uid of its own;
+  4. each test cell gets its points and a status (``results``).  A hidden test that
+     reports outputs is compared here, outside the sandbox, with the hidden golden
+     files (``autograder.hidden_spec``).  Messages pass an allow-list (``safe_message``);
+  5. the results are merged into course/gradebook.db and course/autograded/.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -22,9 +26,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import environment, layout, release, results, submissions
-from .config import COURSE_ID
+from . import bubblewrap, environment, hidden_spec, layout, release, results, submissions
+from .config import COURSE_ID, nbgrader_api, succeeded
+from .execute import KERNEL_DIED, NOT_RUN
 from .results import CORRUPT, ERROR, MISSING, TIMED_OUT, StudentResult, TestCell
+
+KERNEL_DIED_NAMES = (KERNEL_DIED, NOT_RUN)
+DIED = "grading process died"
 
 DEFAULT_TIMEOUT = 60     # seconds per cell
 DEFAULT_MEMORY_GB = 6.0  # address space per kernel; torch alone reserves a few GB of it
@@ -41,25 +49,102 @@ class LabInfo:
     tests: list[TestCell]
     template_db: Path  # the lab's gradebook with no students: each private course starts from a copy
     originals: dict[str, set[str]]  # test cell id -> its source in the lab and in the release: anything else is an edit
+    golden: dict[str, dict]  # the hidden golden files this lab's hidden tests are compared with
+    secrets: list[str]  # what would give a hidden input away in a message (hidden_secrets)
 
 
 def prepare_lab(lab: layout.Lab, run_dir: Path) -> LabInfo:
-    import nbformat
-    from nbgrader.api import Gradebook
+    """The lab's test cells and a template gradebook, built from labs/ in this run.
 
-    release.generate(lab)  # regenerates only when labs/<lab>/ changed since the last release
-    template = run_dir / f"template-{lab.name}.db"
-    shutil.copyfile(layout.COURSE / "gradebook.db", template)
-    with Gradebook(f"sqlite:///{template}", COURSE_ID) as gb:
-        for student in list(gb.students):
-            for sub in list(student.submissions):
-                gb.remove_submission(sub.assignment.name, student.id)
-            gb.remove_student(student.id)
+    The template is never copied from course/gradebook.db: anything that could write there (an earlier
+    ungraded run, a hand edit) could raise a test's points or change its source.
+    """
+    import nbformat
+
+    release.generate(lab)  # keeps course/ (where grades are merged, and the formgrader looks) current
+    root = run_dir / f"template-{lab.name}"
+    succeeded(nbgrader_api(root).generate_assignment(lab.name, force=True, create=True),
+              f"nbgrader generate_assignment {lab.name} (the template gradebook)")
     tests = results.test_cells(nbformat.read(lab.source, as_version=4))
     originals = {t.grade_id: {t.source} for t in tests}
-    for t in results.test_cells(nbformat.read(lab.release, as_version=4)):
+    for t in results.test_cells(nbformat.read(root / "release" / lab.name / f"{lab.name}.ipynb", as_version=4)):
         originals.setdefault(t.grade_id, set()).add(t.source)
-    return LabInfo(lab, tests, template, originals)
+    files = {d.file for (name, _), dues in hidden_spec.SPECS.items() if name == lab.name for d in dues}
+    every = {f: hidden_spec.load(f) for f in hidden_spec.FILES if (hidden_spec.HIDDEN_DIR / f"{f}.json").exists()}
+    return LabInfo(lab, tests, root / "gradebook.db", originals, {f: every[f] for f in sorted(files)},
+                   hidden_secrets(every))
+
+
+def write_hidden_inputs(run_dir: Path) -> Path:
+    """The hidden files' inputs only (public_view), which a sandbox is shown while a hidden test runs."""
+    import json
+
+    folder = run_dir / "hidden-inputs"
+    folder.mkdir()
+    for name in hidden_spec.FILES:
+        if (hidden_spec.HIDDEN_DIR / f"{name}.json").exists():
+            (folder / f"{name}.json").write_text(json.dumps(hidden_spec.public_view(hidden_spec.load(name))))
+    return folder
+
+
+# ------------------------------------------------------------------ what a student may read (an allow-list)
+
+# Exception names a message may show: a submission's own exception class could carry any name.
+SHOWN_ERRORS = {"AssertionError", "NotImplementedError", "NameError", "TypeError", "ValueError", "IndexError",
+                "KeyError", "AttributeError", "RuntimeError", "ZeroDivisionError", "MemoryError", "SystemExit",
+                "RecursionError", "ReferenceCalled"}
+# A hidden test's own messages start like this; anything else in a hidden cell came from the student's code,
+# and could carry the hidden inputs it was given.
+HIDDEN_TEST_PREFIXES = ("hidden case ", "hidden hand-made case", "your engine", "hidden, pass ")
+WITHHELD = "[withheld: it quoted a hidden input]"
+
+
+def hidden_secrets(golden: dict[str, dict]) -> list[str]:
+    """Strings that would give a hidden input away: prompt texts and their token id lists."""
+    found = set()
+    for data in golden.values():
+        for section in hidden_spec.SECTIONS:
+            for case in data.get(section, []):
+                if len(case.get("prompt", "")) >= 8:
+                    found.add(case["prompt"])
+                    found.add(repr(case["prompt"])[1:-1])
+                ids = case.get("prompt_token_ids", [])
+                if len(ids) >= 3:
+                    found.add(", ".join(map(str, ids[:3])))
+                    found.add(" ".join(map(str, ids[:3])))
+    return sorted(found, key=len, reverse=True)
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    return WITHHELD if any(s in text for s in secrets) else text
+
+
+def safe_message(test: results.TestResult, cell, secrets: list[str]) -> str:
+    """The message a student may see for a test: the grader's or the test's own words, never a hidden input."""
+    errors = [o for o in (cell.get("outputs", []) if cell is not None else []) if o.get("output_type") == "error"]
+    if errors and errors[0].get("ename") in KERNEL_DIED_NAMES:
+        return f"{DIED}: {errors[0].get('evalue')}"  # the grader's own words (autograder.execute)
+    if not test.hidden or test.status in (results.PASSED, results.TIMED_OUT, results.MISSING, results.CORRUPT):
+        return redact(test.message, secrets)
+    if errors and errors[0].get("ename") == "AssertionError" and test.message.startswith(HIDDEN_TEST_PREFIXES):
+        return redact(test.message, secrets)
+    if not errors:
+        return f"{test.status} on hidden inputs"
+    ename = errors[0].get("ename")
+    return f"{test.status} on hidden inputs: your code raised {ename if ename in SHOWN_ERRORS else 'an exception'}"
+
+
+def judge_hidden_outputs(test: results.TestResult, cell, info: LabInfo) -> results.TestResult:
+    """A hidden test that passed in the kernel passes only if its reported outputs match the golden ones."""
+    key = (info.lab.name, test.test)
+    if key not in hidden_spec.SPECS or test.status != results.PASSED:
+        return test
+    payloads = [o["data"][hidden_spec.MIME] for o in cell.get("outputs", [])
+                if o.get("output_type") in ("display_data", "execute_result") and hidden_spec.MIME in o.get("data", {})]
+    ok, message = hidden_spec.judge(info.lab.name, test.test, payloads, info.golden)
+    if ok:
+        return test
+    return dataclasses.replace(test, points=0.0, status=results.FAILED, message=message)
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -140,16 +225,34 @@ def notes_from_outputs(nb, test_ids: set[str], timeout: int) -> list[str]:
     return notes
 
 
+def leftover_processes(uid: int) -> int:
+    """Kill whatever still runs as a student's uid (nothing should: the sandbox's PID namespace ends with it)."""
+    import psutil
+
+    left = []
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.info["uids"] and p.info["uids"].real == uid:
+                p.kill()
+                left.append(p)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=10)
+    return len(left)
+
+
 def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float,
-              time_limit: int) -> tuple[StudentResult, Path]:
+              time_limit: int, uid: int | None = None, inputs: Path | None = None) -> tuple[StudentResult, Path]:
+    """Grade one submission; ``uid`` given: its kernel runs in a sandbox with that uid, else unsandboxed."""
     import nbformat
 
     start = time.monotonic()
     lab = info.lab.name
     shown = str(sub.path)
+    mode = "bubblewrap" if uid is not None else "none"
 
     def done(tests, notes=()):
-        return StudentResult(sub.student, lab, shown, tests, list(notes), time.monotonic() - start)
+        return StudentResult(sub.student, lab, shown, tests, list(notes), time.monotonic() - start, mode)
 
     root = run_dir / f"{sub.student}__{lab}"
     try:
@@ -165,6 +268,12 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
     shutil.copyfile(info.template_db, root / "gradebook.db")
     cmd = [sys.executable, "-m", "autograder.worker", "--root", str(root), "--lab", lab, "--student", sub.student,
            "--timeout", str(timeout), "--memory-gb", str(memory_gb)]
+    if uid is not None:
+        box = bubblewrap.Sandbox(work=str(root / "sandbox" / "work"), runtime=str(root / "sandbox" / "run"),
+                                 cases=str(root / "sandbox" / "hidden-inputs"), uid=uid, memory_gb=memory_gb,
+                                 cpu_seconds=time_limit, inputs=str(inputs or ""),
+                                 hidden_cells=[t.grade_id for t in info.tests if t.hidden])
+        cmd += ["--sandbox", json.dumps(dataclasses.asdict(box))]
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -174,12 +283,16 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
         _kill_tree(proc)
         out, err = proc.communicate()
         capped = True
+    stray = leftover_processes(uid) if uid is not None else 0
 
     log = (root / "worker.log").read_text() if (root / "worker.log").exists() else ""
     autograded = root / "autograded" / sub.student / lab / f"{lab}.ipynb"
     if capped:
         return done(results.everything(info.tests, TIMED_OUT,
                                        f"grading this notebook took over {time_limit} s in total and was stopped")), root
+    if not autograded.exists() and proc.returncode != 0:
+        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+        return done(results.everything(info.tests, ERROR, f"{DIED} ({how}) before the notebook was graded")), root
     if not autograded.exists():
         detail = results.first_line((log + err).strip().splitlines()[-1] if (log + err).strip() else "no output", 300)
         return done(results.everything(info.tests, ERROR, f"nbgrader could not grade this notebook: {detail}"),
@@ -194,9 +307,15 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
             tests.append(results.TestResult(t.grade_id, 0.0, t.max_points, MISSING,
                                             "this test cell was deleted from the submission, so it scores 0", t.hidden))
         else:
-            tests.append(results.judge(cells[t.grade_id], scores.get(t.grade_id), t, timeout))
+            cell = cells[t.grade_id]
+            r = results.judge(cell, scores.get(t.grade_id), t, timeout)
+            r = dataclasses.replace(r, message=safe_message(r, cell, info.secrets))
+            tests.append(judge_hidden_outputs(r, cell, info))
     notes = (notes_from_submission(submitted_nb, info) + notes_from_log(log)
              + notes_from_outputs(nb, {t.grade_id for t in info.tests}, timeout))
+    notes = [redact(n, info.secrets) for n in notes]
+    if stray:
+        notes.append(f"{stray} process(es) of this submission were still running after grading and were killed")
     return done(tests, notes), root
 
 
@@ -225,19 +344,40 @@ def merge(result: StudentResult, root: Path) -> None:
         dest = layout.COURSE / step / student / lab
         if dest.exists():
             shutil.rmtree(dest)
-        src = root / step / student / lab
+        src = root / step / student / lab / f"{lab}.ipynb"  # the notebook only: the sandbox never wrote here
         if src.exists():
-            shutil.copytree(src, dest)
+            dest.mkdir(parents=True)
+            shutil.copyfile(src, dest / src.name)
+    # What `feedback` may show, written by the trusted side after the sandbox is gone.
+    dest = layout.COURSE / "autograded" / student / lab
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "result.json").write_text(json.dumps(results.to_json([result])["students"][0], indent=1) + "\n")
+
+
+UNSAFE_WARNING = ("WARNING: grading without a sandbox (--unsafe-no-sandbox): every submission runs with your own "
+                  "rights, and can read the hidden tests' data, change files and other students' grades. "
+                  "Use this only for notebooks you trust; grades.json records it.")
 
 
 def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT_TIMEOUT,
           memory_gb: float = DEFAULT_MEMORY_GB, time_limit: int | None = None, student: str | None = None,
-          merge_into_course: bool = True, keep: bool = False, echo=print) -> list[StudentResult]:
-    """Grade PATH (a notebook, a folder or a zip); returns one StudentResult per submission."""
+          merge_into_course: bool = True, keep: bool = False, sandbox: bool = True, echo=print) -> list[StudentResult]:
+    """Grade PATH (a notebook, a folder or a zip); returns one StudentResult per submission.
+
+    ``sandbox=False`` (the CLI's --unsafe-no-sandbox) runs kernels unsandboxed, with one warning; without it,
+    grading refuses to start where no sandbox can be made.
+    """
     environment.prepare(workers)
     chosen = layout.find_labs([lab])[0] if lab else None
     if workers < 1 or timeout < 1:
         raise layout.LabError("--workers and --timeout must be at least 1")
+    if sandbox:
+        reason = bubblewrap.unavailable()
+        if reason:
+            raise layout.LabError(f"no sandbox can be made for the submissions' kernels: {reason}. Submissions are "
+                                  f"untrusted code; to grade notebooks you trust without one, pass --unsafe-no-sandbox")
+    else:
+        echo(UNSAFE_WARNING)
     run_dir = layout.COURSE / "tmp" / f"grade-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_dir.mkdir(parents=True)
     try:
@@ -250,8 +390,12 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
         echo(f"grading {len(subs)} submission{'s' * (len(subs) != 1)} with {workers} worker{'s' * (workers != 1)} "
              f"(limits: {timeout} s per cell, {limit} s per notebook, {memory_gb:g} GB per kernel)")
         graded: list[tuple[StudentResult, Path]] = []
+        inputs = write_hidden_inputs(run_dir)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(grade_one, s, infos[s.lab.name], run_dir, timeout, memory_gb, limit) for s in subs]
+            # A uid of its own per submission: RLIMIT_NPROC counts per uid, and no two kernels share files.
+            futures = [pool.submit(grade_one, s, infos[s.lab.name], run_dir, timeout, memory_gb, limit,
+                                   bubblewrap.UID_BASE + n % 4000 if sandbox else None, inputs)
+                       for n, s in enumerate(subs)]
             for n, fut in enumerate(as_completed(futures), 1):
                 r, root = fut.result()
                 graded.append((r, root))

@@ -205,25 +205,36 @@ def prompt_logits(model64, case) -> np.ndarray:
 
 
 @torch.no_grad()
-def free_run(model64, case, pick, eos_token_id: int) -> list[int]:
-    """Decode a case with the float64 reference model, choosing every token with ``pick(logits_row, step)``.
+def free_run(model64, cases: list[dict], pick, eos_token_id: int) -> list[list[int]]:
+    """Decode every case with the float64 reference model, choosing each token with ``pick(logits_row, case, step)``.
 
-    ``pick`` is the student's function under test.  The run follows the student's own tokens, so it needs no
-    golden output: when every pick is right it retraces the golden run exactly, and the grader compares.
+    ``pick`` is the student's function under test.  Each run follows the student's own tokens, so it needs no
+    golden output: when every pick is right it retraces the golden run exactly, and the grader compares.  All
+    cases advance together, one ragged forward pass per step, so the cost is the longest run's steps.
     """
     from miniengine.attention import NoCacheBackend
 
-    params = case["params"]
-    ids, out = list(case["prompt_token_ids"]), []
-    for t in range(params.get("max_tokens", 16)):
-        n = len(ids)
-        row = model64(torch.tensor(ids), torch.arange(n), NoCacheBackend([n]))[-1].numpy()
-        token = pick(row, t)
-        out.append(token)
-        ids.append(token)
-        if token == eos_token_id and not params.get("ignore_eos", False):
-            break
-    return out
+    seqs = [list(c["prompt_token_ids"]) for c in cases]
+    outs: list[list[int]] = [[] for _ in cases]
+    active = list(range(len(cases)))
+    t = 0
+    while active:
+        lens = [len(seqs[i]) for i in active]
+        ids = torch.tensor([tok for i in active for tok in seqs[i]])
+        positions = torch.cat([torch.arange(n) for n in lens])
+        last = torch.tensor(lens).cumsum(0) - 1
+        rows = model64(ids, positions, NoCacheBackend(lens), logits_indices=last).numpy()
+        still = []
+        for row, i in zip(rows, active):
+            params = cases[i]["params"]
+            token = pick(row, cases[i], t)
+            outs[i].append(token)
+            seqs[i].append(token)
+            ended = token == eos_token_id and not params.get("ignore_eos", False)
+            if not ended and len(outs[i]) < params.get("max_tokens", 16):
+                still.append(i)
+        active, t = still, t + 1
+    return outs
 
 
 def hidden_inputs(file: str = "golden") -> dict:

@@ -52,6 +52,7 @@ class StudentResult:
     tests: list[TestResult]
     notes: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    sandbox: str = "bubblewrap"  # or "none": graded with --unsafe-no-sandbox
 
     @property
     def score(self) -> float:
@@ -149,13 +150,15 @@ def write_csv(results: list[StudentResult], path: Path) -> None:
 def to_json(results: list[StudentResult]) -> dict:
     return {"students": [
         {"student": r.student, "lab": r.lab, "submission": r.submission, "score": r.score, "max_score": r.max_score,
-         "seconds": round(r.seconds, 1), "notes": r.notes, "tests": [dataclasses.asdict(t) for t in r.tests]}
+         "seconds": round(r.seconds, 1), "sandbox": r.sandbox, "notes": r.notes,
+         "tests": [dataclasses.asdict(t) for t in r.tests]}
         for r in results]}
 
 
 def from_json(data: dict) -> list[StudentResult]:
     return [StudentResult(s["student"], s["lab"], s["submission"], [TestResult(**t) for t in s["tests"]],
-                          s.get("notes", []), s.get("seconds", 0.0)) for s in data["students"]]
+                          s.get("notes", []), s.get("seconds", 0.0), s.get("sandbox", "bubblewrap"))
+            for s in data["students"]]
 
 
 def write_json(results: list[StudentResult], path: Path) -> None:
@@ -187,6 +190,25 @@ def write_reports(results: list[StudentResult], out: Path) -> tuple[Path, Path, 
     _replace(csv_path, lambda p: write_csv(merged, p))
     _replace(json_path, lambda p: write_json(merged, p))
     return csv_path, json_path, len(kept)
+
+
+def log_run(out: Path, graded: list[StudentResult]) -> Path:
+    """Append one line per run to grading.log: when, how, and the SHA-256 of the grade files just written.
+
+    The files are written after every sandbox is gone; a later change to them shows as a hash mismatch.
+    """
+    import hashlib
+    import time
+
+    out = Path(out)
+    hashes = " ".join(f"{name} sha256={hashlib.sha256((out / name).read_bytes()).hexdigest()}"
+                      for name in ("grades.csv", "grades.json"))
+    modes = ",".join(sorted({r.sandbox for r in graded})) or "-"
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} graded={len(graded)} sandbox={modes} {hashes}\n"
+    log = out / "grading.log"
+    with open(log, "a") as f:
+        f.write(line)
+    return log
 
 
 def table(results: list[StudentResult], details: bool = True) -> str:

@@ -4,6 +4,9 @@
 process per student means a wedged kernel or a leaking notebook can be killed
 without touching the others, and its own course folder (own gradebook.db)
 means several can run at once without sharing a SQLite file.
+
+The worker is the trusted side: it runs outside the sandbox, and only the kernel
+it starts (with ``--sandbox``) runs the student's code, inside it.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ def main(argv=None) -> int:
     p.add_argument("--student", required=True)
     p.add_argument("--timeout", type=int, required=True, help="seconds per cell")
     p.add_argument("--memory-gb", type=float, default=0, help="address-space limit of the kernel (0: none)")
+    p.add_argument("--sandbox", help="autograder.bubblewrap.Sandbox as JSON: start the kernel inside it")
     args = p.parse_args(argv)
 
     from . import environment
@@ -30,7 +34,15 @@ def main(argv=None) -> int:
     environment.prepare()
     if args.memory_gb:
         os.environ[MEMORY_ENV] = str(args.memory_gb)  # read by autograder.sandbox inside the kernel
-    result = nbgrader_api(Path(args.root), timeout=args.timeout).autograde(args.lab, args.student, force=True, create=True)
+    manager = None
+    if args.sandbox:
+        from .bubblewrap import Sandbox, SandboxedKernelManager
+
+        SandboxedKernelManager.sandbox = Sandbox(**json.loads(args.sandbox))
+        SandboxedKernelManager.sandbox.prepare()
+        manager = SandboxedKernelManager
+    api = nbgrader_api(Path(args.root), timeout=args.timeout, kernel_manager_class=manager)
+    result = api.autograde(args.lab, args.student, force=True, create=True)
     Path(args.root, "worker.log").write_text((result.get("log") or "") + "\n" + (result.get("error") or ""))
     json.dump({"success": bool(result.get("success")), "error": (result.get("error") or "")[-2000:]}, sys.stdout)
     return 0

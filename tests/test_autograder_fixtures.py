@@ -4,15 +4,24 @@ Each fixture (tests/fixtures/lab01/, made by make_fixtures.py) must get the
 right status on every test cell, the matching score, and a note that explains
 what happened; the run must carry on past every one of them.  Then ``feedback``
 must write a page per student with no hidden-test source on any page.
+
+The p_* fixtures are attacks on the grader itself (make_fixtures.ATTACKS).  What
+they tried is checked from outside, after the run: no file outside the student's
+folder changed, no process left, no connection made, honest scores, no hidden data
+in grades or feedback, and nothing a later student would run was touched.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import os
 import shutil
+import socket
 
 import nbformat
 import pytest
+from pathlib import Path
 
 from test_autograder_support import FIXTURES, REPO, explain, isolated_env, run_cli
 
@@ -30,6 +39,28 @@ MAKE = _load_make_fixtures()
 NAMES = sorted(MAKE.FIXTURES)
 
 
+LEFTOVER = "autograder-fixture-leftover"
+DAEMON = "autograder-fixture-daemon"
+LISTEN_PORT = 47613  # p_network connects here
+
+
+def snapshot(work) -> dict[str, str]:
+    """Hashes of everything a submission could use to reach later students or change grades."""
+    import site
+    import sys
+
+    roots = [REPO / "miniengine", REPO / "autograder", REPO / "data", Path(sys.prefix) / "home",
+             *map(Path, site.getsitepackages())]
+    files = {}
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and not path.name.endswith(".pyc"):
+                files[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    for path in (Path.home() / ".bashrc", Path.home() / ".profile"):
+        files[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
+    return files
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     work = tmp_path_factory.mktemp("fixtures")
@@ -39,12 +70,27 @@ def graded(tmp_path_factory):
     for f in FIXTURES.iterdir():  # h_corrupt is committed as .ipynb.broken; a student would hand in .ipynb
         if f.name.endswith((".ipynb", ".ipynb.broken")):
             shutil.copy(f, submissions / f.name.removesuffix(".broken"))
-    r = run_cli("grade", submissions, "--lab", "lab01", "--workers", 2, "--timeout", 10, "--out", work / "grades",
-                env=env, cwd=work, timeout=900)
+    before = snapshot(work)
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", LISTEN_PORT))  # a clear failure if something else holds the port
+    listener.listen()
+    listener.setblocking(False)
+    try:
+        r = run_cli("grade", submissions, "--lab", "lab01", "--workers", 2, "--timeout", 10, "--out", work / "grades",
+                    env=env, cwd=work, timeout=900)
+        try:
+            listener.accept()
+            connected = True
+        except BlockingIOError:
+            connected = False
+    finally:
+        listener.close()
     assert r.returncode == 0, explain(r)
     students = {s["student"]: s for s in json.loads((work / "grades" / "grades.json").read_text())["students"]}
     fb = run_cli("feedback", "lab01", env=env, cwd=work, timeout=300)
-    return {"students": students, "stdout": r.stdout, "work": work, "feedback": fb, "env": env}
+    return {"students": students, "stdout": r.stdout, "work": work, "feedback": fb, "env": env,
+            "before": before, "after": snapshot(work), "connected": connected}
 
 
 def test_fixtures_match_the_lab(tmp_path):
@@ -88,7 +134,7 @@ def test_fixture_gets_the_right_statuses_and_score(graded, name):
 def test_messages_name_the_case_step_and_tokens(graded):
     e = {t["test"]: t["message"] for t in graded["students"]["e_test_edited"]["tests"]}
     assert "tokens_processed should be" in e["decode-processed-visible"]
-    assert e["decode-hidden"].startswith("hidden case ")
+    assert "hidden case " in e["decode-hidden"] and "tokens_processed is wrong" in e["decode-hidden"]
     i = {t["test"]: t["message"] for t in graded["students"]["i_always_equal"]["tests"]}
     assert "expected a token id (an integer), got AlwaysEqual" in i["greedy-visible"]
     assert "expected a boolean array" in i["top-k-visible"]
@@ -104,8 +150,8 @@ def test_feedback_pages_never_show_hidden_tests(graded):
     assert r.returncode == 0, explain(r)
     course = graded["work"] / "course"
     pages = sorted((course / "feedback").glob("*/lab01_naive_decode/*.html"))
-    # one page per student whose notebook could be read at all
-    assert sorted(p.parent.parent.name for p in pages) == [n for n in NAMES if n != "h_corrupt"]
+    # one page per student, a corrupt notebook's too (it says so)
+    assert sorted(p.parent.parent.name for p in pages) == NAMES
     source = nbformat.read(REPO / "labs" / "lab01_naive_decode" / "lab01_naive_decode.ipynb", as_version=4)
     hidden = feedback.hidden_lines(source)
     assert len(hidden) > 10
@@ -122,3 +168,72 @@ def test_grades_csv_has_a_row_per_student_and_test(graded):
     rows = list(csv.DictReader(open(graded["work"] / "grades" / "grades.csv")))
     assert len(rows) == len(NAMES) * len(MAKE.ALL_TESTS)
     assert {r["status"] for r in rows} <= {"passed", "failed", "error", "timeout", "missing test cell", "corrupt notebook"}
+
+
+# ---------------------------------------------------------------- the attacks, checked from outside
+
+ATTACKS = sorted(MAKE.ATTACKS)
+
+
+def hidden_strings() -> list[str]:
+    """Every hidden prompt, and the first tokens of every hidden golden output, as they could appear in text."""
+    found = []
+    for path in (REPO / "autograder" / "hidden").glob("*.json"):
+        data = json.loads(path.read_text())
+        for section in ("cases", "fork_cases"):
+            for case in data.get(section, []):
+                found.append(case["prompt"])
+                outputs = case.get("token_ids") or [t for c in case.get("completions", []) for t in c]
+                if len(outputs) >= 4:
+                    found.append(", ".join(map(str, outputs[:4])))
+    return [s for s in found if len(s) >= 8]
+
+
+def test_attacks_score_their_honest_zero(graded):
+    for name in ATTACKS:
+        assert graded["students"][name]["score"] == 0, (name, graded["students"][name])
+        assert graded["students"][name]["sandbox"] == "bubblewrap"
+
+
+def test_no_hidden_data_in_grades_or_feedback(graded):
+    secrets = hidden_strings()
+    assert len(secrets) > 20
+    texts = {"grades.json": (graded["work"] / "grades" / "grades.json").read_text(),
+             "grades.csv": (graded["work"] / "grades" / "grades.csv").read_text()}
+    for page in (graded["work"] / "course" / "feedback").glob("*/*/*.html"):
+        texts[str(page)] = page.read_text()
+    for where, text in texts.items():
+        for secret in secrets:
+            assert secret not in text, f"{where} shows hidden data: {secret!r}"
+    messages = [t["message"] for t in graded["students"]["p_read_hidden"]["tests"]]
+    assert any("withheld" in m for m in messages), messages  # the smuggled prompts were caught, not just absent
+
+
+def test_no_file_outside_the_students_folder_changed(graded):
+    before, after = graded["before"], graded["after"]
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    assert changed == [], changed
+    for folder in ("/", "/root", "/tmp", "/etc", str(REPO), str(graded["work"] / "course"), str(graded["work"])):
+        assert not os.path.exists(os.path.join(folder, LEFTOVER)), folder
+
+
+def test_no_process_left_and_no_connection_made(graded):
+    import psutil
+
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if DAEMON in " ".join(p.info["cmdline"] or []):
+                left.append(p.pid)
+        except psutil.Error:
+            pass
+    assert left == []
+    assert not graded["connected"], "a submission connected to a listener on 127.0.0.1"
+
+
+def test_grading_log_hashes_the_files_written(graded):
+    out = graded["work"] / "grades"
+    line = (out / "grading.log").read_text().splitlines()[-1]
+    assert "sandbox=bubblewrap" in line
+    for name in ("grades.csv", "grades.json"):
+        assert f"{name} sha256={hashlib.sha256((out / name).read_bytes()).hexdigest()}" in line

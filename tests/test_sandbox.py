@@ -1,0 +1,172 @@
+"""The grading sandbox (autograder/bubblewrap.py) and the hidden-output comparison (autograder/hidden_spec.py).
+
+The sandbox tests run a shell inside a real sandbox, without a kernel, so they take a second or two; the
+fixture run (test_autograder_fixtures.py) shows the same properties for whole notebooks.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import time
+
+import nbformat
+import pytest
+
+from autograder import bubblewrap, hidden_spec, layout
+from test_autograder_support import REPO
+
+HIDDEN = REPO / "autograder" / "hidden"
+
+
+# ---------------------------------------------------------------- hidden_spec
+
+def test_public_view_keeps_inputs_and_drops_every_output():
+    for name in hidden_spec.FILES:
+        data = hidden_spec.load(name)
+        view = hidden_spec.public_view(data)
+        text = json.dumps(view)
+        for section in hidden_spec.SECTIONS:
+            for case, shown in zip(data.get(section, []), view.get(section, [])):
+                assert shown["prompt_token_ids"] == case["prompt_token_ids"] and shown["params"] == case["params"]
+                assert set(shown) <= set(hidden_spec.INPUT_FIELDS)
+        for field in ("token_ids", "completions", "chosen_logits", "tokens_processed", "min_margins", "text"):
+            assert f'"{field}"' not in text, (name, field)
+
+
+def _payload(lab, cell, files):
+    rows = [[f, s, n, k, next(c for c in files[f][s] if c["name"] == n)[k]]
+            for f, s, n, k in sorted(hidden_spec.expected_keys(lab, cell, files))]
+    return {"cell": cell, "outputs": rows}
+
+
+def test_judge_passes_the_golden_outputs_and_names_a_wrong_step_without_the_answer():
+    files = {"golden": hidden_spec.load("golden")}
+    lab, cell = "lab01_naive_decode", "sample-hidden"
+    good = _payload(lab, cell, files)
+    assert len(good["outputs"]) == len(files["golden"]["cases"])
+    assert hidden_spec.judge(lab, cell, [good], files) == (True, "")
+
+    bad = copy.deepcopy(good)
+    name, want = bad["outputs"][3][2], bad["outputs"][3][4]
+    bad["outputs"][3][4] = want[:2] + [want[2] + 1] + want[3:]
+    ok, message = hidden_spec.judge(lab, cell, [bad], files)
+    assert not ok and f"hidden case {name}" in message and "first difference at step 2" in message
+    assert str(want[2]) not in message.split("step 2")[1] and ", ".join(map(str, want[:3])) not in message
+
+    short = copy.deepcopy(good)
+    short["outputs"][0][4] = short["outputs"][0][4][:-1]
+    assert "stopped at step" in hidden_spec.judge(lab, cell, [short], files)[1]
+
+
+@pytest.mark.parametrize("tamper, words", [
+    (lambda p: [], "reported no outputs"),
+    (lambda p: [p, p], "reported 2 times"),
+    (lambda p: [dict(p, outputs=p["outputs"][1:])], "were due"),
+    (lambda p: [dict(p, cell="greedy-hidden")], "malformed"),
+    (lambda p: [dict(p, outputs=[r[:4] for r in p["outputs"]])], "malformed"),
+    (lambda p: [dict(p, outputs=p["outputs"] + p["outputs"][:1])], "malformed"),
+])
+def test_judge_refuses_a_report_a_submission_tampered_with(tamper, words):
+    files = {"golden": hidden_spec.load("golden")}
+    good = _payload("lab01_naive_decode", "sample-hidden", files)
+    ok, message = hidden_spec.judge("lab01_naive_decode", "sample-hidden", tamper(good), files)
+    assert not ok and words in message, message
+
+
+def test_compare_fields():
+    assert hidden_spec.compare("chosen_logits", [1.0, 2.00005], [1.0, 2.0]) is None
+    assert "step 1" in hidden_spec.compare("chosen_logits", [1.0, 2.001], [1.0, 2.0])
+    assert "not a list of integers" in hidden_spec.compare("token_ids", [1, True], [1, 1])
+    assert hidden_spec.compare("tokens_processed", 12, 12) is None and hidden_spec.compare("tokens_processed", 11, 12)
+    assert "completion 1" in hidden_spec.compare("completions", [[1, 2], [3, 5]], [[1, 2], [3, 4]])
+
+
+def test_every_spec_names_a_hidden_test_cell_that_reports_and_no_hidden_cell_reads_golden_files():
+    cells = {}
+    for lab in layout.all_labs():
+        for cell in nbformat.read(lab.source, as_version=4).cells:
+            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            if gid:
+                cells[(lab.name, gid)] = cell.source
+    for key in hidden_spec.SPECS:
+        assert key in cells and "BEGIN HIDDEN TESTS" in cells[key], key
+        assert f'HiddenReport("{key[0]}", "{key[1]}")' in cells[key] and "report.submit()" in cells[key], key
+    for key, source in cells.items():
+        if "HiddenReport(" in source:
+            assert key in hidden_spec.SPECS, key
+        # the kernel never opens a hidden golden file: it has no way to, once sandboxed
+        assert "HIDDEN_GOLDEN" not in source and "autograder/hidden" not in source, key
+
+
+# ---------------------------------------------------------------- the sandbox itself
+
+
+
+@pytest.fixture
+def box(tmp_path):
+    assert bubblewrap.unavailable() is None, "run `make sandbox` (bubblewrap) first: grading needs it"
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "golden.json").write_text('{"cases": []}')
+    sandbox = bubblewrap.Sandbox(work=str(tmp_path / "work"), runtime=str(tmp_path / "run"),
+                                 cases=str(tmp_path / "cases"), uid=bubblewrap.UID_BASE + 3999, inputs=str(inputs),
+                                 memory_gb=2, cpu_seconds=30)
+    sandbox.prepare()
+    return sandbox
+
+
+def run_in(box, script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(box.wrap(["/bin/sh", "-c", script]), capture_output=True, text=True, timeout=60)
+
+
+def test_sandbox_sees_no_hidden_data_and_cannot_write_outside_its_folder(box):
+    r = run_in(box, f"""
+        id -u
+        ls {REPO} | tr '\\n' ' '; echo
+        ls {REPO}/autograder/hidden | wc -l
+        cat {HIDDEN}/golden.json >/dev/null 2>&1 && echo READ-HIDDEN
+        for f in / /etc /root {REPO} {REPO}/miniengine {REPO}/.venv; do touch $f/x 2>/dev/null && echo WROTE $f; done
+        touch x ~/y /tmp/z && echo OWN-FOLDERS-OK
+        ls {box.cases} | wc -l
+    """)
+    lines = r.stdout.split("\n")
+    assert lines[0] == str(box.uid), r.stdout + r.stderr
+    assert lines[1].split() == ["autograder", "data", "miniengine"]  # no labs/, course/, .git
+    assert lines[2] == "0"  # autograder/hidden is an empty folder inside
+    assert "READ-HIDDEN" not in r.stdout and "WROTE" not in r.stdout
+    assert "OWN-FOLDERS-OK" in r.stdout
+    assert lines[-2] == "0"  # hidden inputs appear only while a hidden test cell runs
+    box.show_hidden_inputs(True)
+    assert run_in(box, f"ls {box.cases}").stdout.split() == ["golden.json"]
+    box.show_hidden_inputs(False)
+    assert run_in(box, f"ls {box.cases}").stdout.split() == []
+
+
+def test_sandbox_has_no_network_no_view_of_other_processes_and_limits(box):
+    r = run_in(box, """
+        ls /sys/class/net 2>/dev/null | tr '\\n' ' '; echo
+        ls /proc | grep -c '^[0-9]'
+        kill -STOP 1 2>/dev/null && echo SIGNALLED-INIT
+        cat /proc/self/limits
+    """)
+    lines = r.stdout.split("\n")
+    assert lines[0].split() in ([], ["lo"]), r.stdout
+    assert int(lines[1]) <= 5, r.stdout  # bwrap's init, the shell and its children: no grader, no other kernel
+    assert "SIGNALLED-INIT" not in r.stdout
+    limits = {line[:26].strip(): line[26:].split()[0] for line in lines if line.startswith("Max ")}
+    assert limits["Max processes"] == str(box.max_processes)
+    assert limits["Max file size"] == str(box.max_file_mb << 20)
+    assert limits["Max address space"] == str(int(2e9))
+    assert limits["Max cpu time"] == "30" and limits["Max core file size"] == "0"
+
+
+def test_everything_the_sandbox_started_dies_with_it(box):
+    import psutil
+
+    marker = f"sleep 300 # sandbox-test-{time.time_ns()}"
+    r = run_in(box, f"setsid sh -c '{marker}' & (sh -c '{marker}' &) ; sleep 0.2; echo started")
+    assert "started" in r.stdout
+    time.sleep(0.5)
+    left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert left == []
