@@ -7,10 +7,14 @@
     python -m autograder verify [LAB...]                  prove each lab's tests sound
     python -m autograder regress                          papermill-run every lecture and lab (FAST=True)
     python -m autograder bench                            time grading and regress against the targets
+    python -m autograder publish OUT_DIR                  the student edition: released labs, no solutions or hidden data
+    python -m autograder colab [--check]                  the notebooks' Colab badges and setup cells, from pyproject.toml
+    python -m autograder book [OUT_DIR]                   the lectures, executed, as static HTML
 
 Modules, one concept each: ``layout`` (where things live), ``environment`` (Jupyter dirs, PATH, threads),
 ``config`` (the nbgrader configuration), ``sandbox`` and ``execute`` (the grading kernel's limits),
 ``release``, ``submissions`` (what a grade PATH contains), ``grading`` and ``worker`` (one isolated
 nbgrader course per student), ``results`` (statuses, CSV, JSON, the table), ``feedback``, ``check``,
-``verify``, ``regress``, ``bench``, ``cli``.  ``notebook_checks`` is imported by the labs' test cells.
+``verify``, ``regress``, ``bench``, ``publish`` (the student edition), ``colab`` (badges and setup cells),
+``book``, ``cli``.  ``notebook_checks`` is imported by the labs' test cells.
 """

@@ -2,18 +2,22 @@
 
 Each rule is its own test, parametrized by notebook, so a failure names both the
 notebook and the rule it breaks.  The notebooks are read as plain JSON: these
-checks need neither Jupyter nor a kernel.
+checks need neither Jupyter nor a kernel.  The student edition (``python -m
+autograder publish``) runs them too, on its released labs.
 """
 from __future__ import annotations
 
 import ast
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The student edition has no hidden tests' data, and its labs/ holds the released notebooks, not the sources.
+STUDENT_EDITION = not (REPO / "autograder" / "hidden").is_dir()
 
 
 def course_notebooks() -> list[Path]:
@@ -135,6 +139,11 @@ def test_lab_solution_cells_are_delimited(path):
     nb = load(path)
     cells = solution_cells(nb)
     assert cells, f"{rel(path)}: rule 'solution delimiters': a lab notebook has no nbgrader solution cells"
+    if STUDENT_EDITION:  # released: nbgrader replaced every solution with its stub
+        leaked = [i for i, cell in cells if "### BEGIN SOLUTION" in source(cell) or "YOUR CODE HERE" not in source(cell)]
+        assert not leaked, (f"{rel(path)}: rule 'solution delimiters': in the student edition every solution cell "
+                            f"holds nbgrader's stub, but cells {leaked} (counted from 0) do not")
+        return
     problems = []
     for i, cell in cells:
         src = source(cell)
@@ -144,3 +153,29 @@ def test_lab_solution_cells_are_delimited(path):
         elif end < begin:
             problems.append(f"in cell {i}, ### END SOLUTION comes before ### BEGIN SOLUTION")
     assert not problems, f"{rel(path)}: rule 'solution delimiters' (cells counted from 0): " + "; ".join(problems)
+
+
+def colab_setting() -> tuple[str, str]:
+    """[tool.miniengine] in pyproject.toml: the one place that says where students open the notebooks."""
+    table = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["miniengine"]
+    return table["student_repo"], table["student_branch"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
+def test_badge_and_setup_cell_follow_the_one_colab_setting(path):
+    """Rules 3 and 4 point at the student edition named in pyproject.toml (``python -m autograder colab`` rewrites them)."""
+    repo, branch = colab_setting()
+    fix = "run `python -m autograder colab` to rewrite them from [tool.miniengine] in pyproject.toml"
+    nb = load(path)
+    first_md = next((source(c) for c in nb.get("cells", []) if c.get("cell_type") == "markdown"), "")
+    links = re.findall(r"https://colab\.research\.google\.com/github/[^\s)]+", first_md)
+    expected = f"https://colab.research.google.com/github/{repo.removeprefix('https://github.com/')}/blob/{branch}/{rel(path)}"
+    assert links and set(links) == {expected}, (
+        f"{rel(path)}: rule 'Colab badge': the badge opens {links}, expected {expected}; {fix}")
+    cells = code_cells(nb)
+    setup = source(cells[1]) if len(cells) > 1 else ""
+    assert f'COURSE_REPO = "{repo}"' in setup and f'COURSE_BRANCH = "{branch}"' in setup, (
+        f"{rel(path)}: rule 'Colab setup cell': it does not clone {repo} (branch {branch}); {fix}")
+    if path in LABS:  # `python -m autograder check` on Colab needs nbgrader: pyproject's grading extra
+        assert '"/content/course[grading]"' in setup, (
+            f"{rel(path)}: rule 'Colab setup cell': a lab's setup cell must install /content/course[grading]; {fix}")
