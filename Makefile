@@ -18,7 +18,7 @@ export JUPYTER_PLATFORM_DIRS := 1
 # The venv's bin/ on PATH: nbgrader shells out to alembic (autograder/README.md, nbgrader fact 2).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup lab test regress release bench gpu-check clean
+.PHONY: setup sandbox lab test regress release bench gpu-check clean
 
 setup: $(STAMP) $(NO_LSP_SEARCH)
 
@@ -45,7 +45,15 @@ lab: setup
 	@if [ -f autograder/release.py ] && $(PY) -c "import autograder.cli" 2>/dev/null; then $(PY) -m autograder release --if-missing; fi
 	$(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-test: setup
+# `grade` runs every submission's kernel in a bubblewrap sandbox (autograder/bubblewrap.py) and refuses to
+# grade without one; as root on Debian/Ubuntu this installs it where it is missing.
+sandbox:
+	@command -v bwrap >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "== installing bubblewrap (the grading sandbox) =="; \
+	  apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }; \
+	else echo "note: bubblewrap (bwrap) is missing; grading needs it: install the bubblewrap package as root"; fi; }
+
+test: setup sandbox
 	$(PY) -m pytest
 
 regress: setup

@@ -125,8 +125,8 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
     for folder in ("/tmp", home):
         args += ["--size", str(sandbox.tmp_mb << 20), "--perms", "1777", "--tmpfs", folder]
     # bwrap would make the folders above each mount point 0700 root; the student's uid must traverse them.
-    parents = sorted({str(p) for path in read_only + writable for p in Path(path).parents if str(p) != "/"},
-                     key=lambda p: p.count("/"))
+    parents = sorted({str(p) for path in read_only + writable for p in Path(path).parents
+                      if str(p) not in ("/", "/tmp", home)}, key=lambda p: p.count("/"))
     for parent in parents:
         args += ["--perms", "0755", "--dir", parent]
     for path in read_only:
@@ -148,7 +148,9 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
         "AUTOGRADER_KERNEL_MEMORY_GB": str(sandbox.memory_gb), "AUTOGRADER_HIDDEN_CASES": sandbox.cases,
     }
-    for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # this machine's OpenBLAS needs them (see the env notes)
+    # OPENBLAS_*: this machine's OpenBLAS needs them.  NBGRADER_EXECUTION: nbgrader's autograde sets it, and the
+    # labs' measurement cells run short under it, as grading promises.
+    for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "NBGRADER_EXECUTION"):
         if name in os.environ:
             env[name] = os.environ[name]
     args.append("--clearenv")

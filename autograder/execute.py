@@ -32,16 +32,23 @@ def error_output(ename: str, evalue: str) -> NotebookNode:
 class GuardedExecute(Execute):
     def preprocess(self, nb, resources=None, km=None):
         self._dead_at = None
+        self._ran: set[int] = set()
         try:
             return super().preprocess(nb, resources, km)
-        except Exception:  # the kernel broke while starting or shutting down: keep what ran
+        except Exception as e:  # the kernel broke while starting or shutting down: keep what ran
             if getattr(self, "nb", None) is None:
                 raise
+            # A cell that never ran must not look like a test that passed (no error output = full points).
+            reason = f"not run: the grading kernel failed ({type(e).__name__}: {str(e)[:200]})"
+            for index, cell in enumerate(self.nb.cells):
+                if cell.cell_type == "code" and index not in self._ran:
+                    cell.outputs = [error_output(NOT_RUN, reason)]
             return self.nb, self.resources
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type != "code":
             return cell, resources
+        self._ran.add(index)
         if self._dead_at is not None:
             cell.outputs = [error_output(NOT_RUN, f"not run: the kernel broke down in cell {self._dead_at} and was not restarted")]
             return cell, resources

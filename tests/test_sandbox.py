@@ -170,3 +170,15 @@ def test_everything_the_sandbox_started_dies_with_it(box):
     time.sleep(0.5)
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+def test_a_kernel_that_never_starts_fails_every_cell_instead_of_passing_it(tmp_path):
+    """No error output means full points to nbgrader: a notebook that never ran must not look like that."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from autograder.execute import NOT_RUN, GuardedExecute
+
+    nb = new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("assert x == 1")])
+    out, _ = GuardedExecute(kernel_name="no-such-kernel", timeout=5).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    assert [c.outputs[0]["ename"] for c in out.cells] == [NOT_RUN, NOT_RUN]
+    assert "not run: the grading kernel failed" in out.cells[1].outputs[0]["evalue"]
