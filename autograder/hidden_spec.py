@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 
 MIME = "application/vnd.miniengine.hidden-outputs+json"
-FILES = ("golden", "int8", "int4", "gqa2")
+FILES = ("golden", "int8", "int4", "gqa2", "gqa2_pooled")
 HIDDEN_DIR = Path(__file__).resolve().parent / "hidden"
 CASES_ENV = "AUTOGRADER_HIDDEN_CASES"  # the folder of public views inside the sandbox
 
@@ -117,8 +117,9 @@ SPECS: dict[tuple[str, str], list[Due]] = {
     ("lab06_speculative_decoding", "rollback-hidden"): [Due("golden", "two_per_kind", ("token_ids",)),
                                                         Due("golden", "first_two", ("completions",), "fork_cases")],
     ("lab06_speculative_decoding", "engine-hidden"): [Due("golden", "greedy", ("token_ids",))],
-    # lab07: the int4 engine's tokens; its GQA model is checked in the kernel (KV bytes, the pooled K/V weights)
-    ("lab07_gqa_and_quantization", "engine-hidden"): [Due("int4", "all", ("token_ids",))],
+    # lab07: the int4 engine's tokens, and those of the student's mean-pooled GQA conversion
+    ("lab07_gqa_and_quantization", "engine-hidden"): [Due("int4", "all", ("token_ids",)),
+                                                      Due("gqa2_pooled", "all", ("token_ids",))],
 }
 
 

@@ -102,7 +102,9 @@ def lab07_converted() -> dict:
     return found
 
 
-@pytest.mark.parametrize("grade_id", ["engine-visible", "engine-hidden"])
+# The hidden engine test no longer holds reference tokens (hidden outputs stay out of the kernel); it checks the
+# student's converted weights are the group means instead, and the course's engine makes the tokens from them.
+@pytest.mark.parametrize("grade_id", ["engine-visible"])
 def test_lab07_converted_tokens_are_the_references(grade_id, target):
     from miniengine import golden
     from miniengine.gqa import convert
