@@ -1,6 +1,7 @@
 """``bench``: measure the autograder against its targets (measurements, not pass/fail tests).
 
   * grading one submission of the lab (its solution)               target <= 15 s
+    (and once more without the sandbox, for the sandbox's cost)
   * grading a folder of N copies with W workers (20 and 2 by default) target <= 180 s
   * regress over lecture 01 and the lab                             target <= 90 s
 Grading runs in private courses and leaves course/gradebook.db alone.
@@ -36,7 +37,11 @@ def bench(copies: int = 20, workers: int = 2, lab: str = "lab01") -> int:
         one.parent.mkdir(parents=True)
         shutil.copyfile(chosen.source, one)
         graded, seconds = _timed(lambda: grading.grade(one, lab=chosen.name, workers=1, merge_into_course=False, echo=quiet))
-        rows.append(("grade 1 submission (1 worker)", seconds, TARGETS["one"], graded))
+        rows.append(("grade 1 submission (1 worker, sandboxed)", seconds, TARGETS["one"], graded))
+        # The same, without the sandbox, side by side: what the sandbox costs.
+        graded, bare = _timed(lambda: grading.grade(one, lab=chosen.name, workers=1, merge_into_course=False,
+                                                    sandbox=False, echo=quiet))
+        rows.append(("grade 1 submission (1 worker, --unsafe-no-sandbox)", bare, TARGETS["one"], graded))
         many = folder / "many"
         many.mkdir()
         for i in range(copies):
@@ -53,7 +58,8 @@ def bench(copies: int = 20, workers: int = 2, lab: str = "lab01") -> int:
     print("\n| measurement | seconds | target | within target |\n|---|---:|---:|---|")
     for name, seconds, target, _ in rows:
         print(f"| {name} | {seconds:.1f} | {target:.0f} | {'yes' if seconds <= target else 'NO'} |")
-    full = all(r.score == r.max_score for _, _, _, graded in rows[:2] for r in graded)
+    print(f"\nsandboxed/unsandboxed grading time of one submission: {rows[0][1] / rows[1][1]:.2f}x")
+    full = all(r.score == r.max_score for _, _, _, graded in rows[:3] for r in graded)
     if not full:
         print("warning: some copies of the solution did not get full marks")
     return 0 if full and code == 0 else 1

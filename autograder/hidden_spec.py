@@ -137,15 +137,19 @@ def expected_keys(lab: str, cell: str, files: dict[str, dict]) -> set[tuple[str,
 
 # ------------------------------------------------------------------ the comparison
 
+def _tokens(n: int) -> str:
+    return f"{n} token{'s' * (n != 1)}"
+
+
 def _first_difference(got: list, want: list) -> str | None:
     if got == want:
         return None
     t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     if t == len(want):
-        return f"your run went on past the reference's last token, at step {t} ({len(got)} tokens generated)"
+        return f"your run went on past the reference's last token, at step {t} ({_tokens(len(got))} generated)"
     if t == len(got):
         return f"your run stopped at step {t}, before the reference did"
-    return f"first difference at step {t} ({len(got)} tokens generated)"
+    return f"first difference at step {t} ({_tokens(len(got))} generated)"
 
 
 def compare(field: str, got, want) -> str | None:
