@@ -18,7 +18,7 @@ export JUPYTER_PLATFORM_DIRS := 1
 # The venv's bin/ on PATH: nbgrader shells out to alembic (autograder/README.md, nbgrader fact 2).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup sandbox lab test regress release bench gpu-check clean
+.PHONY: setup sandbox browser lab test regress release bench gpu-check clean
 
 setup: $(STAMP) $(NO_LSP_SEARCH)
 
@@ -53,7 +53,16 @@ sandbox:
 	  apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }; \
 	else echo "note: bubblewrap (bwrap) is missing; grading needs it: install the bubblewrap package as root"; fi; }
 
-test: setup sandbox
+# tests/test_browser.py drives JupyterLab in headless Chromium (Playwright, from the test extra, uses Debian's
+# chromium: Playwright's own browser download is not needed); as root on Debian/Ubuntu this installs it where missing.
+# The student edition (autograder publish) has no browser test, so nothing is installed there.
+browser:
+	@[ ! -f tests/test_browser.py ] || command -v chromium >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "== installing chromium (the browser test) =="; \
+	  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; \
+	else echo "note: chromium is missing; tests/test_browser.py skips without it: install the chromium package as root"; fi; }
+
+test: setup sandbox browser
 	$(PY) -m pytest
 
 regress: setup
