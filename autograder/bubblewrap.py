@@ -21,6 +21,7 @@ from inside, because no process outside the namespace is visible.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,7 +34,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 REPO = Path(__file__).resolve().parents[1]
 HOME = "/home/student"
-UID_BASE = 61000  # one uid per student in a run: RLIMIT_NPROC counts per uid
+UID_BASE, UID_COUNT = 61000, 4000  # one uid per kernel at a time, machine-wide: RLIMIT_NPROC counts per uid
 ENGINE_PARTS = ("miniengine", "autograder", "data")  # what the kernel may import or read from the repository
 
 
@@ -78,6 +79,34 @@ class Sandbox:
         return [sys.executable, "-m", "autograder.bubblewrap", json.dumps(dataclasses.asdict(self)), "--", *argv]
 
 
+@contextlib.contextmanager
+def claimed_uid():
+    """A sandbox uid that no other kernel on this machine has now, held until the block ends.
+
+    Two grading runs at once (two instructors, or two test workers) must not share a uid: a uid's processes
+    share one RLIMIT_NPROC, and after a student's grading the worker kills whatever still runs as that uid.
+    A lock file per uid decides; the lock goes away with the process that holds it, even a killed one.
+    """
+    import fcntl
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / "autograder-uids"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for uid in range(UID_BASE, UID_BASE + UID_COUNT):
+        fd = os.open(folder / f"{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)  # releases the lock
+        return
+    raise RuntimeError(f"all {UID_COUNT} sandbox uids from {UID_BASE} are in use")
+
+
 def unavailable() -> str | None:
     """Why no sandbox can be made on this machine, or None when it can."""
     if not sys.platform.startswith("linux"):
@@ -88,10 +117,11 @@ def unavailable() -> str | None:
         return "grading must run as root, to give each student's kernel an unprivileged uid of its own"
     import subprocess
 
-    probe = Sandbox(work="/", runtime="/", cases="/", uid=UID_BASE)
     try:
-        done = subprocess.run(probe.wrap(["/bin/true"]), capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        with claimed_uid() as uid:
+            probe = Sandbox(work="/", runtime="/", cases="/", uid=uid)
+            done = subprocess.run(probe.wrap(["/bin/true"]), capture_output=True, text=True, timeout=30)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
         return f"bwrap could not start ({e})"
     if done.returncode != 0:
         return f"bwrap could not make a sandbox here: {done.stderr.strip()[-300:] or done.returncode}"

@@ -16,6 +16,7 @@ For every submission:
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import json
 import os
@@ -244,8 +245,14 @@ def leftover_processes(uid: int) -> int:
 
 
 def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float,
-              time_limit: int, uid: int | None = None, inputs: Path | None = None) -> tuple[StudentResult, Path]:
-    """Grade one submission; ``uid`` given: its kernel runs in a sandbox with that uid, else unsandboxed."""
+              time_limit: int, sandboxed: bool = True, inputs: Path | None = None) -> tuple[StudentResult, Path]:
+    """Grade one submission; its kernel runs in a sandbox with a uid of its own, unless ``sandboxed`` is False."""
+    with (bubblewrap.claimed_uid() if sandboxed else contextlib.nullcontext()) as uid:
+        return _grade_one(sub, info, run_dir, timeout, memory_gb, time_limit, uid, inputs)
+
+
+def _grade_one(sub, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float, time_limit: int,
+               uid: int | None, inputs: Path | None) -> tuple[StudentResult, Path]:
     import nbformat
 
     start = time.monotonic()
@@ -398,10 +405,8 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
         graded: list[tuple[StudentResult, Path]] = []
         inputs = write_hidden_inputs(run_dir)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            # A uid of its own per submission: RLIMIT_NPROC counts per uid, and no two kernels share files.
-            futures = [pool.submit(grade_one, s, infos[s.lab.name], run_dir, timeout, memory_gb, limit,
-                                   bubblewrap.UID_BASE + n % 4000 if sandbox else None, inputs)
-                       for n, s in enumerate(subs)]
+            futures = [pool.submit(grade_one, s, infos[s.lab.name], run_dir, timeout, memory_gb, limit, sandbox, inputs)
+                       for s in subs]
             for n, fut in enumerate(as_completed(futures), 1):
                 r, root = fut.result()
                 graded.append((r, root))

@@ -257,16 +257,20 @@ def build(model_dir: Path = TARGET) -> dict[Path, dict]:
         if hidden:
             files[gqa_file(hidden=True)] = {**head, "cases": build_cases(gqa, tok, hidden, eos,
                                                                           seed_base=HIDDEN_SEED_BASE, kinds=QUANT_KINDS)}
-    if hidden:
-        # Lab 07's hidden engine test serves the student's own mean-pooled conversion (not the uptrained model):
-        # its reference tokens, kept out of the student's kernel with the other hidden outputs.
-        from .gqa import convert
+    # Lab 07's engine tests serve the student's own mean-pooled conversion (not the uptrained model): its reference
+    # tokens on the visible prompts, and on the hidden ones (kept out of the student's kernel with the other
+    # hidden outputs).
+    from .gqa import convert
 
-        head = {**header, "model": "gqa.convert(target, 2) (mean-pooled, not uptrained)",
-                "about": "Reference (float64 naive decode) outputs of the target converted to 2 KV heads by mean "
-                         "pooling, on screened hidden prompts; regenerate with `python -m miniengine golden`."}
+    pooled = convert(model, 2)
+    head = {**header, "model": "gqa.convert(target, 2) (mean-pooled, not uptrained)",
+            "about": "Reference (float64 naive decode) outputs of the target converted to 2 KV heads by mean "
+                     "pooling, on screened prompts; regenerate with `python -m miniengine golden`."}
+    files[GOLDEN / "gqa2_pooled.json"] = {**head, "cases": build_cases(pooled, tok, VISIBLE_PROMPTS, eos,
+                                                                      kinds=QUANT_KINDS)}
+    if hidden:
         files[HIDDEN_DIR / "gqa2_pooled.json"] = {**head, "cases": build_cases(
-            convert(model, 2), tok, hidden, eos, seed_base=HIDDEN_SEED_BASE, kinds=QUANT_KINDS)}
+            pooled, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE, kinds=QUANT_KINDS)}
         # Seeds of their own, so that no hidden sampled run shares its noise with a visible one.
         files[HIDDEN_FILE] = {**header, "cases": build_cases(model, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE),
                               "fork_cases": build_fork_cases(model, tok, hidden[:FORK_PROMPTS], eos,

@@ -87,10 +87,14 @@ def hidden_completions() -> set[str]:
     texts |= {c["text"] for data in hidden_json() for case in data.get("fork_cases", [])
               for c in case.get("completions", []) if c.get("text")}
     assert len(texts) >= 40
-    return texts
+    # A degenerate model (lab 07's mean-pooled GQA) can write a hidden run's text on a visible prompt too: text
+    # that a visible golden file holds is public, not a leak.
+    public = "\n".join(json.dumps(json.loads(p.read_text())) for p in (REPO / "data" / "golden").glob("*.json"))
+    return {t for t in texts if json.dumps(t)[1:-1] not in public}
 
 
-def hidden_token_lists() -> set[tuple[int, ...]]:
+def token_lists(data) -> set[tuple[int, ...]]:
+    """Every prompt_token_ids and token_ids list anywhere in a golden file."""
     found = set()
 
     def walk(x):
@@ -103,10 +107,18 @@ def hidden_token_lists() -> set[tuple[int, ...]]:
             for value in x:
                 walk(value)
 
-    for data in hidden_json():
-        walk(data)
-    assert len(found) > 40 and all(len(ids) >= 4 for ids in found)
+    walk(data)
     return found
+
+
+def hidden_token_lists() -> set[tuple[int, ...]]:
+    found = set().union(*(token_lists(data) for data in hidden_json()))
+    assert len(found) > 40 and all(len(ids) >= 4 for ids in found)
+    # A hidden run can end the way a visible one does: a list inside a visible golden run is public data, not a
+    # leak (lab 07's gqa2_pooled.json has one greedy run that is the tail of a visible run).
+    public = ["," + ",".join(map(str, ids)) + ","
+              for path in (REPO / "data" / "golden").glob("*.json") for ids in token_lists(json.loads(path.read_text()))]
+    return {ids for ids in found if not any("," + ",".join(map(str, ids)) + "," in run for run in public)}
 
 
 def cell_source(cell: dict) -> str:

@@ -109,11 +109,12 @@ def box(tmp_path):
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     (inputs / "golden.json").write_text('{"cases": []}')
-    sandbox = bubblewrap.Sandbox(work=str(tmp_path / "work"), runtime=str(tmp_path / "run"),
-                                 cases=str(tmp_path / "cases"), uid=bubblewrap.UID_BASE + 3999, inputs=str(inputs),
-                                 memory_gb=2, cpu_seconds=30)
-    sandbox.prepare()
-    return sandbox
+    with bubblewrap.claimed_uid() as uid:
+        sandbox = bubblewrap.Sandbox(work=str(tmp_path / "work"), runtime=str(tmp_path / "run"),
+                                     cases=str(tmp_path / "cases"), uid=uid, inputs=str(inputs),
+                                     memory_gb=2, cpu_seconds=30)
+        sandbox.prepare()
+        yield sandbox
 
 
 def run_in(box, script: str) -> subprocess.CompletedProcess:
@@ -182,3 +183,10 @@ def test_a_kernel_that_never_starts_fails_every_cell_instead_of_passing_it(tmp_p
     out, _ = GuardedExecute(kernel_name="no-such-kernel", timeout=5).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
     assert [c.outputs[0]["ename"] for c in out.cells] == [NOT_RUN, NOT_RUN]
     assert "not run: the grading kernel failed" in out.cells[1].outputs[0]["evalue"]
+
+
+def test_concurrent_claims_never_share_a_uid():
+    with bubblewrap.claimed_uid() as a, bubblewrap.claimed_uid() as b:
+        assert a != b
+        with bubblewrap.claimed_uid() as c:
+            assert c not in (a, b)
