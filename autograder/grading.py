@@ -303,9 +303,12 @@ def _grade_one(sub, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float
     if capped:
         return done(results.everything(info.tests, TIMED_OUT,
                                        f"grading this notebook took over {time_limit} s in total and was stopped")), root
-    if not autograded.exists() and proc.returncode != 0:
+    if proc.returncode != 0:  # the worker always exits 0 when it finishes (nbgrader's own failures included)
+        # nbgrader copies the notebook into autograded/ before running it, so that file proves nothing here.
         how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
-        return done(results.everything(info.tests, ERROR, f"{DIED} ({how}) before the notebook was graded")), root
+        last = (err or "").strip().splitlines()[-1:] or [""]
+        return done(results.everything(info.tests, ERROR, f"{DIED} ({how}) before the notebook was graded"
+                                       + (f": {results.first_line(last[0], 200)}" if last[0] else ""))), root
     if not autograded.exists():
         detail = results.first_line((log + err).strip().splitlines()[-1] if (log + err).strip() else "no output", 300)
         return done(results.everything(info.tests, ERROR, f"nbgrader could not grade this notebook: {detail}"),

@@ -97,6 +97,43 @@ def test_a_notebook_over_its_total_time_limit_is_stopped(tmp_path):
     assert student["seconds"] < 45
 
 
+def test_a_worker_that_dies_is_reported_as_such_not_as_failed_tests(tmp_path):
+    """A worker killed from outside (the OOM killer, an operator) costs every test, with the reason given."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import psutil
+
+    from test_autograder_support import FIXTURES
+
+    cmd = [sys.executable, "-m", "autograder", "grade", str(FIXTURES / "c_toplevel_loop.ipynb"), "--lab", "lab01",
+           "--timeout", "60", "--student", "victim", "--out", str(tmp_path / "grades")]
+    proc = subprocess.Popen(cmd, env=isolated_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    killed = []
+
+    def kill_the_worker():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            for p in psutil.process_iter(["cmdline"]):
+                line = " ".join(p.info["cmdline"] or [])
+                if "autograder.worker" in line and "victim" in line:
+                    time.sleep(3)  # let it start the kernel: the loop cell keeps it busy
+                    p.kill()
+                    killed.append(p.pid)
+                    return
+            time.sleep(0.2)
+
+    threading.Thread(target=kill_the_worker, daemon=True).start()
+    out, err = proc.communicate(timeout=120)
+    assert killed and proc.returncode == 0, out + err
+    (student,) = json.loads((tmp_path / "grades" / "grades.json").read_text())["students"]
+    assert {t["status"] for t in student["tests"]} == {"error"} and student["score"] == 0
+    assert student["tests"][0]["message"].startswith("grading process died (signal 9)"), student["tests"][0]
+
+
 def _test_cell(grade_id: str, source: str):
     return new_code_cell(source, metadata={"nbgrader": {"grade": True, "solution": False, "locked": True,
                                                         "grade_id": grade_id, "points": 1, "schema_version": 3}})
