@@ -33,6 +33,7 @@ class EngineConfig:
     kv_cache_tokens: int = 16384         # positions of K/V the cache holds, all sequences together
     kv_layout: str = "paged"             # "paged": blocks on demand (milestone 5); "contiguous": reserve up front
     block_size: int = 16                 # positions per KV block (paged layout): kv_cache_tokens // block_size blocks
+    enable_prefix_caching: bool = False  # paged layout: full blocks are kept, keyed by their prefix, and reused
     sampler: object = None
     kv: object = None
     scheduling_policy: object = None
@@ -58,6 +59,11 @@ class EngineConfig:
         if self.kv_layout == "paged" and self.kv_cache_tokens < self.block_size:
             raise ValueError(f"kv_cache_tokens must be >= block_size={self.block_size} (at least one block), "
                              f"got {self.kv_cache_tokens}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+        if self.enable_prefix_caching and (self.kv_layout != "paged" or self.kv is not None):
+            raise ValueError("enable_prefix_caching=True needs the course's paged KV layout (kv_layout='paged', kv=None): "
+                             "it reuses whole blocks of the pool")
         if self.speculative_model is not None:
             _positive_int("num_speculative_tokens", self.num_speculative_tokens)
             if not callable(self.speculative_verifier) and self.speculative_verifier not in ("coupled", "rejection"):

@@ -83,7 +83,8 @@ class LLMEngine:
     def _default_kv(self, cfg, dtype, device):
         c = self.config
         if c.kv_layout == "paged":
-            return PagedKV(cfg, -(-c.kv_cache_tokens // c.block_size), c.block_size, dtype, device)  # whole blocks
+            return PagedKV(cfg, -(-c.kv_cache_tokens // c.block_size), c.block_size, dtype, device,  # whole blocks
+                           enable_prefix_caching=c.enable_prefix_caching)
         return ContiguousKV(cfg, c.kv_cache_tokens, dtype, device)
 
     def add_request(self, prompt_token_ids, params: SamplingParams | None = None, request_id=None,

@@ -215,6 +215,8 @@ class Scheduler:
                 # A speculative decode fed its last token and the drafts; the ones its emitted tokens confirm
                 # (the last token and the accepted drafts, as many as it emitted) keep their K/V.
                 s.num_cached_tokens += len(emitted) if speculative else n
+                if hasattr(self.kv, "commit"):  # K/V of those positions are written: a prefix cache may keep them
+                    self.kv.commit(s)
                 for tok in emitted:
                     s.token_ids.append(tok)
                     reason = stop_reason(s, tok, self.eos_token_id)

@@ -64,14 +64,14 @@ class BlockManager:
             self.free_blocks.append(block)
 
     def can_allocate(self, seq) -> bool:
-        return blocks_needed(seq.num_tokens, self.block_size) <= len(self.free_blocks)
+        return blocks_needed(seq.num_tokens, self.block_size) <= self.num_free_blocks
 
     def allocate(self, seq) -> None:
         if seq.seq_id in self.block_tables:
             raise RuntimeError(f"sequence {seq.seq_id} already has a block table")
         n = blocks_needed(seq.num_tokens, self.block_size)
-        if n > len(self.free_blocks):
-            raise MemoryError(f"KV pool: {seq.num_tokens} positions need {n} blocks, {len(self.free_blocks)} are free")
+        if n > self.num_free_blocks:
+            raise MemoryError(f"KV pool: {seq.num_tokens} positions need {n} blocks, {self.num_free_blocks} are free")
         self.block_tables[seq.seq_id] = [self._take() for _ in range(n)]
 
     def _needs_block(self, seq) -> bool:
@@ -82,7 +82,7 @@ class BlockManager:
         return self.ref_count[table[(seq.num_tokens - 1) // self.block_size]] > 1
 
     def can_append(self, seq) -> bool:
-        return not self._needs_block(seq) or len(self.free_blocks) > 0
+        return not self._needs_block(seq) or self.num_free_blocks > 0
 
     def append_slot(self, seq):
         table = self.block_tables[seq.seq_id]

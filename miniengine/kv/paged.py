@@ -89,8 +89,12 @@ class PagedKV:
     """
 
     def __init__(self, model_config, num_blocks: int, block_size: int = 16, dtype=torch.float32, device="cpu",
-                 block_manager=None, gather=None):
-        self.block_manager = BlockManager(num_blocks, block_size) if block_manager is None else block_manager
+                 block_manager=None, gather=None, enable_prefix_caching: bool = False):
+        if block_manager is None:
+            from .prefix_cache import PrefixCachingBlockManager
+
+            block_manager = (PrefixCachingBlockManager if enable_prefix_caching else BlockManager)(num_blocks, block_size)
+        self.block_manager = block_manager
         self.num_blocks, self.block_size = num_blocks, block_size
         self.gather = gather_history if gather is None else gather
         shape = (model_config.num_hidden_layers, num_blocks * block_size, model_config.num_key_value_heads,
@@ -112,8 +116,16 @@ class PagedKV:
         return self.block_manager.can_allocate(seq)
 
     def allocate(self, seq) -> None:
-        self.block_manager.allocate(seq)
+        reused = self.block_manager.allocate(seq)  # a prefix-caching manager says how many positions it found
+        if reused:
+            seq.num_cached_tokens = reused  # their K/V are in the pool already: the step feeds only the rest
         seq.kv = self
+
+    def commit(self, seq) -> None:
+        """After a step: the positions ``seq`` has cached are written, so a prefix cache may key its full blocks."""
+        register = getattr(self.block_manager, "register", None)
+        if register is not None and seq.seq_id in self.block_manager.block_tables:
+            register(seq, seq.num_cached_tokens)
 
     def can_append(self, seq) -> bool:
         return self.block_manager.can_append(seq)
