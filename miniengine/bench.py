@@ -153,6 +153,8 @@ def decode_step_tok_s(model, batch: int, prompt: list[int], steps: int = 20) -> 
 
 def serve(args) -> int:
     """A seeded Poisson trace replayed on the wall clock under three policies: sequential, static, continuous."""
+    if args.shared_prefix:
+        return serve_shared_prefix(args)
     import numpy as np
 
     from . import metrics
@@ -206,6 +208,55 @@ def serve(args) -> int:
     base = rows[0][1]["throughput_tok_s"]
     print(f"static/sequential throughput: {rows[1][1]['throughput_tok_s'] / base:.1f}x")
     print(f"continuous/sequential throughput: {rows[2][1]['throughput_tok_s'] / base:.1f}x")
+    return 0 if same else 1
+
+
+def serve_shared_prefix(args) -> int:
+    """Requests that share a long system prompt, replayed with and without automatic prefix caching."""
+    import numpy as np
+
+    from . import metrics
+    from .config import EngineConfig
+    from .engine import LLMEngine, TraceRequest, replay
+    from .sim import lognormal_lengths
+
+    model_dir = resolve_model_dir(args.model)
+    tok = load_tokenizer(model_dir)
+    rng = np.random.default_rng(args.seed)
+    system, *windows = batch_prompts(tok, args.requests + 1, max(args.shared_prefix, 128))
+    system = system[:args.shared_prefix]
+    user_lens = np.clip(lognormal_lengths(rng, 32, 0.5, args.requests), 4, 128)
+    new_lens = np.clip(lognormal_lengths(rng, args.mean_new_tokens, args.output_sigma, args.requests), 4, 256)
+    arrivals = np.cumsum(rng.exponential(1 / args.rate, args.requests))
+    trace = [TraceRequest(float(a), system + w[:int(u)], SamplingParams(temperature=0, max_tokens=int(n), ignore_eos=True))
+             for a, w, u, n in zip(arrivals, windows, user_lens, new_lens)]
+    model = load_model(model_dir)
+    rows, tokens = [], {}
+    for cached in (False, True):
+        engine = LLMEngine(EngineConfig(model=model, max_num_seqs=args.max_num_seqs, enable_prefix_caching=cached,
+                                        kv_cache_tokens=sum(len(r.prompt_token_ids) + r.params.max_tokens for r in trace)))
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))  # warm-up (and nothing in common with the trace)
+        while engine.has_unfinished_requests():
+            engine.step()
+        results = replay(engine, trace)
+        tokens[cached] = [r.seq.output_token_ids for r in results]
+        # What the prefills fed: every token fed, minus one per decode step (the last token is never fed).
+        prefill = sum(r.seq.tokens_processed - (len(r.seq.output_token_ids) - 1) for r in results)
+        rows.append((cached, prefill, metrics.summarize([r.timeline for r in results])))
+    prompt_total = sum(len(r.prompt_token_ids) for r in trace)
+    print(f"shared-prefix serving: {model_dir.name}, {args.requests} requests at {args.rate}/s (Poisson, seed "
+          f"{args.seed}), a {len(system)}-token system prompt + ~32-token user prompts ({prompt_total} prompt tokens), "
+          f"outputs ~{args.mean_new_tokens} tokens, greedy, continuous batching ({args.max_num_seqs} seats), "
+          f"block size 16, wall clock")
+    print(f"{'prefix cache':<13} {'prefill tokens':>15} {'tokens/s':>9} {'TTFT P50':>9} {'TTFT P99':>9} {'TPOT P50':>9}")
+    for cached, prefill, s in rows:
+        print(f"{'on' if cached else 'off':<13} {prefill:>15} {s['throughput_tok_s']:>9.1f} {s['ttft_p50_s']:>8.3f}s "
+              f"{s['ttft_p99_s']:>8.3f}s {1e3 * s['tpot_p50_s']:>7.1f}ms")
+    same = tokens[False] == tokens[True]
+    print(f"same tokens with and without the cache: {same}")
+    (_, off, s_off), (_, on, s_on) = rows
+    print(f"prefix cache: prefill tokens saved {100 * (1 - on / off):.1f}%, "
+          f"TTFT P50 {s_off['ttft_p50_s'] / s_on['ttft_p50_s']:.1f}x lower")
     return 0 if same else 1
 
 
@@ -384,6 +435,9 @@ def add_arguments(p) -> None:
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--static-batch", type=int, default=16)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--shared-prefix", type=int, nargs="?", const=256, default=0, metavar="TOKENS",
+                   help="every request starts with the same system prompt of TOKENS tokens (256 if no number): "
+                        "compare the engine with and without automatic prefix caching")
     s.set_defaults(func=serve)
     k = sub.add_parser("kv", help="KV utilisation and concurrent sequences: paged vs contiguous at equal memory")
     k.add_argument("--requests", type=int, default=200)

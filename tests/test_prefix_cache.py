@@ -140,3 +140,19 @@ def test_a_shared_system_prompt_is_prefilled_once(target):
 def test_bad_prefix_caching_settings_are_named(kwargs, words, target):
     with pytest.raises(ValueError, match=words):
         LLM(model=target, **kwargs)
+
+
+def test_bench_serve_shared_prefix_prints_its_table_and_summary_line():
+    """The benchmark itself (its numbers are measurements, not assertions): a short run, every field there."""
+    import re
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "miniengine", "bench", "serve", "--shared-prefix", "48", "--requests", "6",
+                        "--mean-new-tokens", "4", "--output-sigma", "0.1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert "same tokens with and without the cache: True" in lines
+    assert re.fullmatch(r"prefix cache: prefill tokens saved \d+\.\d%, TTFT P50 \d+\.\dx lower", lines[-1]), lines[-1]
+    off, on = (int(next(l for l in lines if l.startswith(k)).split()[1]) for k in ("off ", "on "))
+    assert on < off  # five of the six requests find the 48-token system prompt (three blocks) in the cache
