@@ -34,6 +34,9 @@ class EngineConfig:
     kv_layout: str = "paged"             # "paged": blocks on demand (milestone 5); "contiguous": reserve up front
     block_size: int = 16                 # positions per KV block (paged layout): kv_cache_tokens // block_size blocks
     enable_prefix_caching: bool = False  # paged layout: full blocks are kept, keyed by their prefix, and reused
+    # Chunked prefill: a long prompt is fed over several steps, beside the running decodes, in chunks that fit
+    # max_num_batched_tokens; True (as much as fits), or a function chunk(seq, tokens_left) -> int (Lab 08).
+    enable_chunked_prefill: object = False
     sampler: object = None
     kv: object = None
     scheduling_policy: object = None
@@ -64,6 +67,13 @@ class EngineConfig:
         if self.enable_prefix_caching and (self.kv_layout != "paged" or self.kv is not None):
             raise ValueError("enable_prefix_caching=True needs the course's paged KV layout (kv_layout='paged', kv=None): "
                              "it reuses whole blocks of the pool")
+        chunk = self.enable_chunked_prefill
+        if not (isinstance(chunk, bool) or callable(chunk)):
+            raise ValueError(f"enable_chunked_prefill must be True, False or a function chunk(seq, tokens_left) -> int, "
+                             f"got {chunk!r}")
+        if chunk is not False and self.speculative_model is not None:
+            raise ValueError("enable_chunked_prefill cannot be combined with a speculative_model: the speculative "
+                             "step verifies whole prefills")
         if self.speculative_model is not None:
             _positive_int("num_speculative_tokens", self.num_speculative_tokens)
             if not callable(self.speculative_verifier) and self.speculative_verifier not in ("coupled", "rejection"):

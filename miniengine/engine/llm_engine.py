@@ -23,7 +23,7 @@ from ..paths import resolve_model_dir
 from ..request import validate_prompt
 from ..sampling import SamplingParams
 from .model_runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, chunk_to_fit
 from .sequence import Sequence
 
 
@@ -53,8 +53,10 @@ class LLMEngine:
         self.model = model
         cfg = model.config
         self.kv = config.kv if config.kv is not None else self._default_kv(cfg, dtype, model.device)
+        chunk = config.enable_chunked_prefill
         self.scheduler = Scheduler(self.kv, cfg.eos_token_id, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.scheduling_policy)
+                                   config.scheduling_policy,
+                                   chunk_prefill=(chunk_to_fit if chunk is True else chunk) if chunk else None)
         self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits)
         self.requests: dict = {}  # request_id -> Sequence, for the requests not finished yet
         self.spec = self._speculative_decoder(config, dtype) if config.speculative_model is not None else None
@@ -105,7 +107,7 @@ class LLMEngine:
         cfg = self.model.config
         ids = validate_prompt(prompt_token_ids, params, cfg.vocab_size, cfg.max_position_embeddings)
         c = self.config
-        if len(ids) > c.max_num_batched_tokens:
+        if len(ids) > c.max_num_batched_tokens and not c.enable_chunked_prefill:
             raise ValueError(f"len(prompt) must be <= max_num_batched_tokens={c.max_num_batched_tokens} (a prompt is "
                              f"prefilled in one step), got {len(ids)}")
         if params.n > 1 and not hasattr(self.kv, "fork"):
@@ -147,12 +149,14 @@ class LLMEngine:
                                    f"{len(self.scheduler.waiting)} waiting: the engine would stall")
             return []
         forking = {s.seq_id for s in batch.seqs if s.fork_pending}
+        chunked = {s.seq_id for i, s in enumerate(batch.seqs) if batch.partial(i)}  # fed a chunk, got no token
         if self.spec is not None and batch.num_decodes:
             finished = self.spec.step(batch)
         else:
             finished = self.scheduler.postprocess(batch, self.runner.run(batch))
         # A request that forked in this step got a token in every completion.
-        stepped = [c for s in batch.seqs for c in (s.completions if s.seq_id in forking else [s])]
+        stepped = [c for s in batch.seqs if s.seq_id not in chunked
+                   for c in (s.completions if s.seq_id in forking else [s])]
         for seq in finished:
             if seq.request_finished and seq.request_id in self.requests:
                 del self.requests[seq.request_id]  # finished: its id may be used again

@@ -33,13 +33,17 @@ class ModelRunner:
 
     def sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[int]:
         """One token per row of ``batch.sample_rows()`` from each sequence's logits row."""
-        if self.keep_logits:
-            for s, row in zip(batch.seqs, logits.float().cpu()):
-                s.logits = [] if s.logits is None else s.logits
-                s.logits.append(row.clone())
         rows = batch.sample_rows()  # one per sequence, or n for a request that forks after its prefill
+        if self.keep_logits:  # the rows that choose a token (a chunk of a prefill chooses none)
+            for i, row in zip(range(len(batch.seqs)), logits.float().cpu()):
+                if not batch.partial(i):
+                    s = batch.seqs[i]
+                    s.logits = [] if s.logits is None else s.logits
+                    s.logits.append(row.clone())
+        if not rows:  # every sequence fed a chunk of its prefill: nothing to sample this step
+            return []
         if len(rows) != len(batch.seqs):
-            logits = logits[torch.tensor([i for i, _ in rows], device=logits.device)]
+            logits = logits[torch.tensor([i for i, _ in rows], dtype=torch.long, device=logits.device)]
         # The token a row chooses lands right after the sequence's last fed token.
         positions = [batch.seqs[i].num_cached_tokens + batch.num_new_tokens[i] for i, _ in rows]
         return self.sampler(logits, [p for _, p in rows], positions)

@@ -17,6 +17,13 @@ every request never admitted, in arrival order with other preempted ones), to be
 prefilled again later over its prompt *and* the tokens it had generated
 (vLLM's default; Kwon et al., 2023, section 4.5).  Its keyed sampling noise
 makes the recomputed run choose the same tokens.
+
+Chunked prefill (``chunk_prefill``, off by default): a prompt longer than what is
+left of the step's token budget is prefilled over several steps, a chunk at a
+time, beside the running decodes, as in Sarathi-Serve (Agrawal et al., OSDI 2024,
+https://arxiv.org/abs/2403.02310).  Decodes go first, then the prefills already
+under way, then new requests.  A sequence samples its first token only in the
+step that feeds its prompt's last chunk.
 """
 from __future__ import annotations
 
@@ -38,11 +45,18 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    def partial(self, i: int) -> bool:
+        """Does sequence i feed only a chunk of what it must feed (a chunked prefill, not its last chunk)?"""
+        return self.num_new_tokens[i] < self.seqs[i].num_new_tokens
+
     def sample_rows(self) -> list[tuple[int, SamplingParams]]:
         """(index into seqs, params) of every token to sample: one per sequence, n for a sequence whose
-        request forks its other completions after this (prefill) step, each with its own seed."""
+        request forks its other completions after this (prefill) step, each with its own seed; none for a
+        sequence whose prefill goes on in a later step."""
         rows = []
         for i, s in enumerate(self.seqs):
+            if self.partial(i):
+                continue
             if s.fork_pending:
                 rows += [(i, child_params(s.params, c)) for c in range(s.params.n)]
             else:
@@ -59,13 +73,25 @@ def stop_reason(seq: Sequence, token_id: int, eos_token_id: int) -> str | None:
     return None
 
 
+_UNLIMITED = 1 << 62  # the policy's token budget when the scheduler chunks prefills itself
+
+
 def fcfs_key(seq: Sequence) -> tuple[int, int]:
     """First-come first-served order: by the request's arrival (its first sequence's id), then completion index."""
     return seq.root.seq_id, seq.child_index
 
 
+def chunk_to_fit(seq: Sequence, tokens_left: int) -> int:
+    """The default chunking rule: as much of what the sequence still has to feed as the step has room for."""
+    return min(seq.num_new_tokens, tokens_left)
+
+
 class Scheduler:
-    def __init__(self, kv, eos_token_id: int, max_num_seqs: int, max_num_batched_tokens: int, policy=None):
+    def __init__(self, kv, eos_token_id: int, max_num_seqs: int, max_num_batched_tokens: int, policy=None,
+                 chunk_prefill=None):
+        # chunk_prefill: None (a prompt is prefilled in one step), or chunk(seq, tokens_left) -> int, how many of
+        # the tokens a sequence still has to feed join this step (chunk_to_fit, or Lab 08's rule)
+        self.chunk_prefill = chunk_prefill
         self.kv, self.eos_token_id = kv, eos_token_id
         self.policy = policy if policy is not None else ContinuousBatching()
         # A policy may bring its own batch limit (batch-1 FCFS, a static batch size) within the engine's.
@@ -104,8 +130,18 @@ class Scheduler:
 
     def schedule(self, now: float = 0.0) -> ScheduledBatch:
         decodes, preempted = self._decodes()
-        budget = Budget(max_seqs=0 if preempted else self.max_num_seqs - len(decodes),
-                        max_tokens=self.max_num_batched_tokens - sum(1 + self.lookahead(s) for s in decodes),
+        tokens_left = self.max_num_batched_tokens - sum(1 + self.lookahead(s) for s in decodes)
+        # Prefills already under way (chunked) continue first, oldest first, as far as the budget goes.
+        going_on = []
+        for seq in ([] if preempted else [s for s in self.running if self.prefilling(s)]):
+            n = self._chunk(seq, tokens_left)
+            if n == 0:
+                break
+            going_on.append((seq, n))
+            tokens_left -= n
+        # With chunking, the policy admits by seats and memory; the budget cuts the chunks afterwards.
+        budget = Budget(max_seqs=0 if preempted else self.max_num_seqs - len(decodes) - len(going_on),
+                        max_tokens=tokens_left if self.chunk_prefill is None else _UNLIMITED,
                         can_allocate=self.kv.can_allocate, now=now)
         admitted = list(self.policy.admit(tuple(self.waiting), tuple(decodes), budget))
         self._check(admitted, budget)
@@ -114,14 +150,32 @@ class Scheduler:
         for seq in admitted:  # in order; stop at the first one KV memory (or a seat for each completion) no longer holds
             if not self.kv.can_allocate(seq) or seats + self.seats(seq) > self.max_num_seqs:
                 break
+            if self.chunk_prefill is not None and self._chunk(seq, tokens_left) == 0:
+                break  # no room left in this step's token budget
             seats += self.seats(seq)
-            self.kv.allocate(seq)
+            self.kv.allocate(seq)  # the whole prompt's memory, even when it is fed in chunks
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            prefills.append(seq)
-        seqs = decodes + prefills
-        return ScheduledBatch(seqs, [s.num_new_tokens for s in seqs], len(decodes))
+            n = seq.num_new_tokens if self.chunk_prefill is None else self._chunk(seq, tokens_left)
+            tokens_left -= n
+            prefills.append((seq, n))
+        steps = [(s, s.num_new_tokens) for s in decodes] + going_on + prefills
+        return ScheduledBatch([s for s, _ in steps], [n for _, n in steps], len(decodes))
+
+    @staticmethod
+    def prefilling(seq: Sequence) -> bool:
+        """A running sequence with more than one token still to feed: its chunked prefill is under way."""
+        return seq.num_new_tokens > 1
+
+    def _chunk(self, seq: Sequence, tokens_left: int) -> int:
+        """How many tokens ``seq`` feeds this step, by the chunking rule, checked (it is a plug point)."""
+        n = self.chunk_prefill(seq, max(0, tokens_left))
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= min(seq.num_new_tokens, max(0, tokens_left)):
+            raise RuntimeError(f"the chunking rule returned {n!r} for a sequence with {seq.num_new_tokens} tokens to "
+                               f"feed and {max(0, tokens_left)} left in this step's budget: it must be an int in "
+                               f"[0, {min(seq.num_new_tokens, max(0, tokens_left))}]")
+        return n
 
     @staticmethod
     def seats(seq: Sequence) -> int:
@@ -135,8 +189,8 @@ class Scheduler:
         memory is short).
         """
         if not hasattr(self.kv, "can_append"):  # a layout that reserved everything at admission
-            return self.running[: self.max_num_seqs], False
-        rest, decodes, preempted = list(self.running), [], False
+            return [s for s in self.running if not self.prefilling(s)][: self.max_num_seqs], False
+        rest, decodes, preempted = [s for s in self.running if not self.prefilling(s)], [], False
         while rest and len(decodes) < self.max_num_seqs:
             seq = rest.pop(0)
             while not self._can_grow(seq):
@@ -198,7 +252,13 @@ class Scheduler:
         fed tokens they confirm stay cached (the caller rolls the KV memory back to match).
         """
         finished, tokens = [], iter(token_ids)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            if batch.partial(i):  # a chunk of a prefill: cached now, nothing sampled yet
+                seq.tokens_processed += n
+                seq.num_cached_tokens += n
+                if hasattr(self.kv, "commit"):
+                    self.kv.commit(seq)
+                continue
             seq.tokens_processed += n
             completions = [seq]
             if seq.fork_pending:  # its prompt is cached: the other completions share it from here
