@@ -6,6 +6,7 @@
     python -m miniengine bench kv     [--requests 200 --kv-tokens 65536 --block-size 16 --max-tokens 2048]
     python -m miniengine bench spec   [--prompts 4 --new-tokens 64 --gammas 1 2 4 8]
     python -m miniengine bench quant  [--group-size 64 --new-tokens 128 --runs 3]
+    python -m miniengine bench tp     [--batches 1 16 --steps 40 --tp-size 8 --latency-us 10]
 
 Speed claims live here, not in tests: this machine is shared and noisy, so a
 ratio of medians taken in the same run is the number worth quoting.
@@ -153,7 +154,7 @@ def decode_step_tok_s(model, batch: int, prompt: list[int], steps: int = 20) -> 
 
 def serve(args) -> int:
     """A seeded Poisson trace replayed on the wall clock under three policies: sequential, static, continuous."""
-    if args.shared_prefix:
+    if getattr(args, "shared_prefix", 0):  # callers that build args by hand may leave it out
         return serve_shared_prefix(args)
     import numpy as np
 
@@ -409,6 +410,131 @@ def quant(args) -> int:
     return 0
 
 
+def _tp_step_rank(rank, world_size, model_dir, prompt, batches, steps):
+    """One rank of ``bench tp``: per batch size, the median decode step and the all-reduce time inside it."""
+    from .config import EngineConfig
+    from .engine import LLMEngine
+    from .kv import PagedKV
+    from .tensor_parallel import comm_stats, rank_kv_shape, reset_comm_stats, shard_model
+
+    model = shard_model(load_model(model_dir), rank, world_size)  # world size 1: the same layers, no all-reduce
+    out = {}
+    for b in batches:
+        blocks = b * -(-(len(prompt) + steps + 2) // 16)
+        engine = LLMEngine(EngineConfig(model=model, kv=PagedKV(rank_kv_shape(model.config, world_size), blocks),
+                                        max_num_seqs=b, kv_cache_tokens=16 * blocks,
+                                        max_num_batched_tokens=max(4096, b * len(prompt))))
+        for _ in range(b):
+            engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True))
+        engine.step()  # every prefill
+        engine.step()  # a warm-up decode step
+        step_s, comm_s, calls = [], [], 0
+        for _ in range(steps):
+            reset_comm_stats(model)
+            t0 = time.perf_counter()
+            engine.step()
+            step_s.append(time.perf_counter() - t0)
+            comm, calls = comm_stats(model)
+            comm_s.append(comm)
+        # The same all-reduces back to back, with no compute between them: the transport alone, without
+        # the waits for a rank that arrives late.
+        alone = 0.0
+        if world_size > 1:
+            x, times = torch.zeros(b, model.config.hidden_size), []
+            for _ in range(steps * 5):
+                t0 = time.perf_counter()
+                torch.distributed.all_reduce(x)
+                times.append(time.perf_counter() - t0)
+            alone = calls * statistics.median(times)
+        out[b] = (statistics.median(step_s), statistics.median(comm_s), calls, alone)
+    return out
+
+
+def tp(args) -> int:
+    """Tensor parallelism: step and all-reduce time on 1 and 2 CPU ranks, exactness, the 70B-on-8-GPUs forecast."""
+    import json
+
+    from .config import EngineConfig
+    from .engine import LLMEngine
+    from .golden import GAP, VISIBLE_FILE
+    from .reference import naive_generate
+    from .roofline import GPUS, INTERCONNECTS, CostModel, Interconnect, llama3_70b, tensor_parallel_decode
+    from .tensor_parallel import launch, tp_generate
+
+    model_dir = resolve_model_dir(args.model)
+    prompt = bench_prompt(load_tokenizer(model_dir), args.prompt_tokens)
+    runs = [(1, 1), (1, 2), (2, 1)]  # (ranks, torch threads per rank): 1 rank on 2 threads uses the same 2 cores
+    timings = {run: launch(_tp_step_rank, run[0], (str(model_dir), prompt, args.batches, args.steps),
+                           timeout_s=600, threads=run[1])[0] for run in runs}
+    print(f"tensor parallelism on this CPU: {model_dir.name}, gloo over loopback, decode steps after a "
+          f"{len(prompt)}-token prompt, greedy, median of {args.steps} steps; all-reduce = time inside the "
+          f"row-parallel layers' all-reduce calls (waiting for the other rank included), rank 0")
+    print(f"{'ranks':>5} {'threads/rank':>12} {'batch':>5} {'step ms':>8} {'all-reduce ms':>14} {'share':>6} "
+          f"{'all-reduces':>12} {'back-to-back ms':>16} {'vs 1 rank':>10}")
+    for (ranks, threads), rows in timings.items():
+        for b, (step, comm, calls, alone) in rows.items():
+            base = timings[(1, 1)][b][0]
+            print(f"{ranks:>5} {threads:>12} {b:>5} {1e3 * step:>8.2f} {1e3 * comm:>14.2f} {comm / step:>6.0%} "
+                  f"{calls:>12} {1e3 * alone:>16.2f} {step / base:>9.2f}x")
+    print("(back-to-back: the step's all-reduces timed in a loop with no compute between them, the transport "
+          "without the waits for a late rank)")
+
+    # Exactness: the golden cases on 2 ranks against the unsharded runs, tokens and logits.
+    golden = json.loads(VISIBLE_FILE.read_text())
+    cases = golden["cases"]
+    prompts, params = [c["prompt_token_ids"] for c in cases], [SamplingParams(**c["params"]) for c in cases]
+    base = load_model(model_dir)
+    engine = LLMEngine(EngineConfig(model=base, max_num_seqs=len(cases)), keep_logits=True)
+    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    ref64 = naive_generate(base, prompts, params, return_logits=True)
+    tp32 = tp_generate(model_dir, prompts, params, 2, torch.float32, return_logits=True)
+    tp64 = tp_generate(model_dir, prompts, params, 2, torch.float64, return_logits=True, decoder="reference")
+
+    def exact(outs):
+        return sum(o.token_ids == c["token_ids"] for o, c in zip(outs, cases))
+
+    def max_diff(a, b):
+        return max((x.double() - y.double()).abs().max().item() for la, lb in zip(a, b) for x, y in zip(la, lb))
+
+    d32 = max_diff([o.logits for o in tp32], [s.logits for s in seqs])
+    d32_ref = max_diff([o.logits for o in tp32], [o.logits for o in ref64])
+    d64 = max_diff([o.logits for o in tp64], [o.logits for o in ref64])
+    margin = min(c["min_margins"]["gap"] for c in cases)
+    print(f"exactness on {len(cases)} golden cases (greedy and sampled), 2 ranks: float32 engine {exact(tp32)}/"
+          f"{len(cases)} token-exact, float64 reference decoder {exact(tp64)}/{len(cases)}")
+    print(f"  max |logit difference|, float32 2 ranks vs 1 rank (same engine): {d32:.2e}; vs the float64 reference: "
+          f"{d32_ref:.2e}; float64 2 ranks vs 1 rank: {d64:.2e}")
+    print(f"  golden screening: every decision clears GAP = {GAP:g}; the smallest margin among these cases is "
+          f"{margin:g}, {margin / d32:.0f}x the float32 difference")
+
+    link = INTERCONNECTS["NVLink-H100"]
+    if args.latency_us is not None:
+        link = Interconnect(link.name, link.bandwidth, args.latency_us * 1e-6)
+    cost = CostModel(llama3_70b(), GPUS["H100"])
+    p = args.tp_size
+    print(f"cost model: Llama-3-70B decode at context {args.context}, {p} x H100 with {link.name}: "
+          f"{link.bandwidth / 1e9:.0f} GB/s each way per GPU, {link.latency_s * 1e6:g} us per all-reduce (assumed); "
+          f"ring all-reduce 2(p-1)/p x bytes / bandwidth + latency, 2 per layer, not overlapped")
+    print(f"{'batch':>5} {'1 GPU ms':>9} {'compute ms':>11} {'comm ms':>8} {'comm/compute':>13} {'comm share':>11} "
+          f"{'bytes/all-reduce':>17}")
+    forecast = {}
+    for b in (1, args.large_batch):
+        step = tensor_parallel_decode(cost, p, b, args.context, link)
+        forecast[b] = step
+        print(f"{b:>5} {1e3 * cost.decode(b, args.context).step_time_s:>9.2f} {1e3 * step.compute_s:>11.2f} "
+              f"{1e3 * step.comm_s:>8.2f} {step.comm_s / step.compute_s:>13.2f} {step.comm_share:>11.0%} "
+              f"{step.allreduce_bytes:>17,.0f}")
+    print("(1 GPU: the same step on one paper H100, ignoring that 141 GB of weights do not fit in its 80 GB)")
+    step1, comm1 = timings[(2, 1)][args.batches[0]][:2]
+    print(f"tensor parallel: 2 ranks on this CPU {step1 / timings[(1, 1)][args.batches[0]][0]:.2f}x step time "
+          f"(batch {args.batches[0]}), all-reduce {comm1 / step1:.0%} of the step; Llama-3-70B on {p} GPUs (NVLink): "
+          f"comm {forecast[1].comm_share:.0%} of the step (batch 1), {forecast[args.large_batch].comm_share:.0%} "
+          f"(batch {args.large_batch})")
+    return 0 if exact(tp32) == exact(tp64) == len(cases) else 1
+
+
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="bench", required=True)
     d = sub.add_parser("decode", help="naive vs KV-cached decode on this CPU")
@@ -460,3 +586,13 @@ def add_arguments(p) -> None:
     qp.add_argument("--new-tokens", type=int, default=128)
     qp.add_argument("--runs", type=int, default=3)
     qp.set_defaults(func=quant)
+    t = sub.add_parser("tp", help="tensor parallelism: step and all-reduce time on 1 and 2 CPU ranks, the 70B forecast")
+    t.add_argument("--model", default="target")
+    t.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    t.add_argument("--prompt-tokens", type=int, default=32)
+    t.add_argument("--steps", type=int, default=40, help="timed decode steps per batch size")
+    t.add_argument("--tp-size", type=int, default=8, help="GPUs in the cost model's forecast")
+    t.add_argument("--context", type=int, default=1024, help="cached tokens per sequence in the forecast")
+    t.add_argument("--large-batch", type=int, default=64, help="the forecast's larger batch")
+    t.add_argument("--latency-us", type=float, default=None, help="per all-reduce latency (default: the link's)")
+    t.set_defaults(func=tp)
