@@ -6,7 +6,7 @@
     python -m miniengine bench kv     [--requests 200 --kv-tokens 65536 --block-size 16 --max-tokens 2048]
     python -m miniengine bench spec   [--prompts 4 --new-tokens 64 --gammas 1 2 4 8]
     python -m miniengine bench quant  [--group-size 64 --new-tokens 128 --runs 3]
-    python -m miniengine bench tp     [--batches 1 16 --steps 40 --tp-size 8 --latency-us 10]
+    python -m miniengine bench tp     [--batches 1 16 --steps 20 --repeats 3 --tp-size 8 --latency-us 10]
 
 Speed claims live here, not in tests: this machine is shared and noisy, so a
 ratio of medians taken in the same run is the number worth quoting.
@@ -261,6 +261,79 @@ def serve_shared_prefix(args) -> int:
     return 0 if same else 1
 
 
+def chunked(args) -> int:
+    """Decode ITL P99 when long prompts arrive: chunked prefill against prefill-first, simulated and measured."""
+    import numpy as np
+
+    from . import metrics, sim
+    from .config import EngineConfig
+    from .engine import ContinuousBatching, LLMEngine, TraceRequest, replay
+    from .engine.scheduler import chunk_to_fit
+    from .roofline import GPUS, CostModel, llama3_8b
+
+    def decode_itl_p99(timelines, n_decodes):
+        gaps = np.concatenate([metrics.itl(t) for t in timelines[:n_decodes]])
+        return float(np.percentile(gaps, 99)), float(gaps.max())
+
+    def long_ttft_p50(timelines, n_decodes):
+        return float(np.median([metrics.ttft(t) for t in timelines[n_decodes:]]))
+
+    # The simulator: Llama-3-8B on an H100 (the course's cost model), 32 running chats, 8 prompts of 6,000 tokens.
+    cost = CostModel(llama3_8b(), GPUS["H100"])
+    rows = {"simulator": [], "cpu": []}
+    for seed in range(args.seeds):
+        rng = np.random.default_rng(seed)
+        arrivals = np.cumsum(rng.exponential(1 / 2.0, 8)) + 0.2
+        for mode, budget, rule in (("prefill-first", 16384, None), ("chunked", args.sim_chunk, chunk_to_fit)):
+            reqs = [sim.SimRequest(i, 0.0, 128, 400) for i in range(32)]
+            reqs += [sim.SimRequest(32 + i, float(a), 6000, 64) for i, a in enumerate(arrivals)]
+            run = sim.simulate(reqs, ContinuousBatching(), cost, max_num_seqs=64, max_num_batched_tokens=budget,
+                               chunk_prefill=rule)
+            t = [r.timeline for r in sorted(run.requests, key=lambda r: r.id)]
+            rows["simulator"].append((seed, mode, decode_itl_p99(t, 32), long_ttft_p50(t, 32)))
+    # This CPU: the course's model, 8 running decodes, 4 prompts of 448 tokens arriving while they decode.
+    model_dir = resolve_model_dir(args.model)
+    model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    prompts = batch_prompts(tok, 12, 448)
+    for seed in range(args.seeds):
+        rng = np.random.default_rng(seed)
+        arrivals = np.cumsum(rng.exponential(1 / 20.0, 4)) + 0.05
+        trace = [TraceRequest(0.0, p[:16], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+                 for p in prompts[:8]]
+        trace += [TraceRequest(float(a), p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+                  for a, p in zip(arrivals, prompts[8:])]
+        for mode, budget, chunk in (("prefill-first", 512, False), ("chunked", args.cpu_chunk, True)):
+            engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, max_num_batched_tokens=budget,
+                                            enable_chunked_prefill=chunk, kv_cache_tokens=8192))
+            engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))  # warm-up
+            while engine.has_unfinished_requests():
+                engine.step()
+            t = [r.timeline for r in replay(engine, trace)]
+            rows["cpu"].append((seed, mode, decode_itl_p99(t, 8), long_ttft_p50(t, 8)))
+    print(f"chunked prefill vs prefill-first, {args.seeds} seeds; decode ITL P99 over the running decodes, TTFT P50 "
+          f"over the long prompts")
+    print(f"  simulator: Llama-3-8B on an H100 (cost model), 32 chats decoding, 8 prompts of 6,000 tokens at 2/s; "
+          f"chunks of {args.sim_chunk} tokens")
+    print(f"  this CPU: {model_dir.name}, 8 requests decoding, 4 prompts of 448 tokens at 20/s; chunks of "
+          f"{args.cpu_chunk} tokens; wall clock")
+    print(f"{'where':<10} {'seed':>4} {'mode':<14} {'ITL P99':>10} {'ITL max':>10} {'TTFT P50':>10}")
+    summary = {}
+    for where, found in rows.items():
+        for seed, mode, (p99, worst), ttft in found:
+            print(f"{where:<10} {seed:>4} {mode:<14} {1e3 * p99:>8.1f}ms {1e3 * worst:>8.1f}ms {1e3 * ttft:>8.1f}ms")
+        by = {m: [r for r in found if r[1] == m] for m in ("prefill-first", "chunked")}
+        itl_ratio = [a[2][0] / b[2][0] for a, b in zip(by["prefill-first"], by["chunked"])]
+        ttft_ratio = [b[3] / a[3] for a, b in zip(by["prefill-first"], by["chunked"])]
+        summary[where] = (float(np.median(itl_ratio)), float(np.median(ttft_ratio)))
+        print(f"{where}: decode ITL P99 prefill-first/chunked {float(np.median(itl_ratio)):.1f}x (median; per seed "
+              f"{', '.join(f'{x:.1f}' for x in itl_ratio)}), long-prompt TTFT P50 chunked/prefill-first "
+              f"{float(np.median(ttft_ratio)):.2f}x")
+    print(f"chunked prefill: decode ITL P99 {summary['simulator'][0]:.1f}x lower on the simulator, "
+          f"{summary['cpu'][0]:.1f}x lower on this CPU (medians of {args.seeds} seeds); long-prompt TTFT P50 "
+          f"{summary['simulator'][1]:.2f}x and {summary['cpu'][1]:.2f}x")
+    return 0
+
+
 def kv(args) -> int:
     """KV utilisation and concurrency, contiguous reservation against paged blocks, at equal memory."""
     from .kv.study import chat_requests, kv_study
@@ -410,43 +483,53 @@ def quant(args) -> int:
     return 0
 
 
-def _tp_step_rank(rank, world_size, model_dir, prompt, batches, steps):
-    """One rank of ``bench tp``: per batch size, the median decode step and the all-reduce time inside it."""
+def _tp_step_rank(rank, world_size, model_dir, prompt, batches, steps, repeats):
+    """One rank of ``bench tp``: per batch size, decode steps of the unsharded model (rank 0 alone) and of
+    the shards (every rank), interleaved ``repeats`` times so that both see the same machine load."""
     from .config import EngineConfig
     from .engine import LLMEngine
     from .kv import PagedKV
     from .tensor_parallel import comm_stats, rank_kv_shape, reset_comm_stats, shard_model
 
-    model = shard_model(load_model(model_dir), rank, world_size)  # world size 1: the same layers, no all-reduce
+    full = load_model(model_dir)
+    models = {world_size: shard_model(full, rank, world_size)}
+    if rank == 0:
+        models[1] = shard_model(full, 0, 1)  # the same layers on one rank: no all-reduce
     out = {}
     for b in batches:
-        blocks = b * -(-(len(prompt) + steps + 2) // 16)
-        engine = LLMEngine(EngineConfig(model=model, kv=PagedKV(rank_kv_shape(model.config, world_size), blocks),
-                                        max_num_seqs=b, kv_cache_tokens=16 * blocks,
-                                        max_num_batched_tokens=max(4096, b * len(prompt))))
-        for _ in range(b):
-            engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True))
-        engine.step()  # every prefill
-        engine.step()  # a warm-up decode step
-        step_s, comm_s, calls = [], [], 0
-        for _ in range(steps):
-            reset_comm_stats(model)
-            t0 = time.perf_counter()
-            engine.step()
-            step_s.append(time.perf_counter() - t0)
-            comm, calls = comm_stats(model)
-            comm_s.append(comm)
+        engines = {}
+        for ws, model in models.items():
+            blocks = b * -(-(len(prompt) + repeats * steps + 2) // 16)
+            engines[ws] = e = LLMEngine(EngineConfig(model=model, kv=PagedKV(rank_kv_shape(model.config, ws), blocks),
+                                                     max_num_seqs=b, kv_cache_tokens=16 * blocks,
+                                                     max_num_batched_tokens=max(4096, b * len(prompt))))
+            for _ in range(b):
+                e.add_request(prompt, SamplingParams(temperature=0, max_tokens=repeats * steps + 2, ignore_eos=True))
+            e.step()  # every prefill
+            e.step()  # a warm-up decode step
+        times = {ws: [] for ws in engines}
+        comm_s, calls = [], 0
+        for _ in range(repeats):
+            for ws in sorted(engines):  # rank 1 waits at the barrier while rank 0 runs the unsharded model
+                torch.distributed.barrier()
+                for _ in range(steps):
+                    reset_comm_stats(models[ws])
+                    t0 = time.perf_counter()
+                    engines[ws].step()
+                    times[ws].append(time.perf_counter() - t0)
+                    if ws > 1:
+                        comm, calls = comm_stats(models[ws])
+                        comm_s.append(comm)
         # The same all-reduces back to back, with no compute between them: the transport alone, without
         # the waits for a rank that arrives late.
-        alone = 0.0
-        if world_size > 1:
-            x, times = torch.zeros(b, model.config.hidden_size), []
-            for _ in range(steps * 5):
-                t0 = time.perf_counter()
-                torch.distributed.all_reduce(x)
-                times.append(time.perf_counter() - t0)
-            alone = calls * statistics.median(times)
-        out[b] = (statistics.median(step_s), statistics.median(comm_s), calls, alone)
+        torch.distributed.barrier()
+        x, loop = torch.zeros(b, full.config.hidden_size), []
+        for _ in range(steps * 5):
+            t0 = time.perf_counter()
+            torch.distributed.all_reduce(x)
+            loop.append(time.perf_counter() - t0)
+        out[b] = dict(step={ws: statistics.median(t) for ws, t in times.items()}, comm=statistics.median(comm_s),
+                      calls=calls, back_to_back=calls * statistics.median(loop))
     return out
 
 
@@ -463,21 +546,21 @@ def tp(args) -> int:
 
     model_dir = resolve_model_dir(args.model)
     prompt = bench_prompt(load_tokenizer(model_dir), args.prompt_tokens)
-    runs = [(1, 1), (1, 2), (2, 1)]  # (ranks, torch threads per rank): 1 rank on 2 threads uses the same 2 cores
-    timings = {run: launch(_tp_step_rank, run[0], (str(model_dir), prompt, args.batches, args.steps),
-                           timeout_s=600, threads=run[1])[0] for run in runs}
-    print(f"tensor parallelism on this CPU: {model_dir.name}, gloo over loopback, decode steps after a "
-          f"{len(prompt)}-token prompt, greedy, median of {args.steps} steps; all-reduce = time inside the "
-          f"row-parallel layers' all-reduce calls (waiting for the other rank included), rank 0")
-    print(f"{'ranks':>5} {'threads/rank':>12} {'batch':>5} {'step ms':>8} {'all-reduce ms':>14} {'share':>6} "
-          f"{'all-reduces':>12} {'back-to-back ms':>16} {'vs 1 rank':>10}")
-    for (ranks, threads), rows in timings.items():
-        for b, (step, comm, calls, alone) in rows.items():
-            base = timings[(1, 1)][b][0]
-            print(f"{ranks:>5} {threads:>12} {b:>5} {1e3 * step:>8.2f} {1e3 * comm:>14.2f} {comm / step:>6.0%} "
-                  f"{calls:>12} {1e3 * alone:>16.2f} {step / base:>9.2f}x")
-    print("(back-to-back: the step's all-reduces timed in a loop with no compute between them, the transport "
-          "without the waits for a late rank)")
+    timings = launch(_tp_step_rank, 2, (str(model_dir), prompt, args.batches, args.steps, args.repeats),
+                     timeout_s=600)[0]
+    print(f"tensor parallelism on this CPU: {model_dir.name}, gloo over loopback, 1 torch thread per rank, decode "
+          f"steps after a {len(prompt)}-token prompt, greedy; median of {args.repeats} x {args.steps} steps, 1 and 2 "
+          f"ranks interleaved; all-reduce: time inside the row-parallel layers' all-reduce calls on rank 0, waits "
+          f"for the other rank included")
+    print(f"{'ranks':>5} {'batch':>5} {'step ms':>8} {'all-reduce ms':>14} {'share':>6} {'all-reduces':>12} "
+          f"{'back-to-back ms':>16} {'vs 1 rank':>10}")
+    for b, t in timings.items():
+        one, two = t["step"][1], t["step"][2]
+        print(f"{1:>5} {b:>5} {1e3 * one:>8.2f} {0:>14.2f} {0:>6.0%} {0:>12} {0:>16.2f} {1:>9.2f}x")
+        print(f"{2:>5} {b:>5} {1e3 * two:>8.2f} {1e3 * t['comm']:>14.2f} {t['comm'] / two:>6.0%} {t['calls']:>12} "
+              f"{1e3 * t['back_to_back']:>16.2f} {two / one:>9.2f}x")
+    print("(back-to-back: the same number of all-reduces of the same size timed in a loop with no compute between "
+          "them: the transport, without the waits for a late rank)")
 
     # Exactness: the golden cases on 2 ranks against the unsharded runs, tokens and logits.
     golden = json.loads(VISIBLE_FILE.read_text())
@@ -527,8 +610,9 @@ def tp(args) -> int:
               f"{1e3 * step.comm_s:>8.2f} {step.comm_s / step.compute_s:>13.2f} {step.comm_share:>11.0%} "
               f"{step.allreduce_bytes:>17,.0f}")
     print("(1 GPU: the same step on one paper H100, ignoring that 141 GB of weights do not fit in its 80 GB)")
-    step1, comm1 = timings[(2, 1)][args.batches[0]][:2]
-    print(f"tensor parallel: 2 ranks on this CPU {step1 / timings[(1, 1)][args.batches[0]][0]:.2f}x step time "
+    t = timings[args.batches[0]]
+    step1, comm1 = t["step"][2], t["comm"]
+    print(f"tensor parallel: 2 ranks on this CPU {step1 / t['step'][1]:.2f}x step time "
           f"(batch {args.batches[0]}), all-reduce {comm1 / step1:.0%} of the step; Llama-3-70B on {p} GPUs (NVLink): "
           f"comm {forecast[1].comm_share:.0%} of the step (batch 1), {forecast[args.large_batch].comm_share:.0%} "
           f"(batch {args.large_batch})")
@@ -565,6 +649,12 @@ def add_arguments(p) -> None:
                    help="every request starts with the same system prompt of TOKENS tokens (256 if no number): "
                         "compare the engine with and without automatic prefix caching")
     s.set_defaults(func=serve)
+    c = sub.add_parser("chunked", help="decode ITL P99 when long prompts arrive: chunked prefill vs prefill-first")
+    c.add_argument("--model", default="target")
+    c.add_argument("--seeds", type=int, default=5)
+    c.add_argument("--sim-chunk", type=int, default=512, help="the simulator's token budget per step when chunking")
+    c.add_argument("--cpu-chunk", type=int, default=64, help="this CPU's token budget per step when chunking")
+    c.set_defaults(func=chunked)
     k = sub.add_parser("kv", help="KV utilisation and concurrent sequences: paged vs contiguous at equal memory")
     k.add_argument("--requests", type=int, default=200)
     k.add_argument("--kv-tokens", type=int, default=65536, help="KV positions, the same for both layouts")
@@ -590,7 +680,8 @@ def add_arguments(p) -> None:
     t.add_argument("--model", default="target")
     t.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     t.add_argument("--prompt-tokens", type=int, default=32)
-    t.add_argument("--steps", type=int, default=40, help="timed decode steps per batch size")
+    t.add_argument("--steps", type=int, default=20, help="timed decode steps per batch size and repeat")
+    t.add_argument("--repeats", type=int, default=3, help="1-rank and 2-rank runs, interleaved")
     t.add_argument("--tp-size", type=int, default=8, help="GPUs in the cost model's forecast")
     t.add_argument("--context", type=int, default=1024, help="cached tokens per sequence in the forecast")
     t.add_argument("--large-batch", type=int, default=64, help="the forecast's larger batch")

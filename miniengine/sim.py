@@ -186,10 +186,10 @@ class SimResult:
 class _Loop:
     """State of one simulation: the engine's scheduler, the clock, and the simulated model."""
 
-    def __init__(self, requests, policy, model, max_num_seqs, max_num_batched_tokens):
+    def __init__(self, requests, policy, model, max_num_seqs, max_num_batched_tokens, chunk_prefill=None):
         self.pending = sorted(requests, key=lambda r: r.arrival)
         self.policy, self.model = policy, model
-        self.scheduler = Scheduler(UnlimitedKV(), EOS, max_num_seqs, max_num_batched_tokens, policy)
+        self.scheduler = Scheduler(UnlimitedKV(), EOS, max_num_seqs, max_num_batched_tokens, policy, chunk_prefill)
         self.by_seq: dict[int, SimRequest] = {}
         self.next, self.now, self.busy, self.seats, self.wasted = 0, 0.0, 0.0, 0, 0
 
@@ -229,15 +229,17 @@ class _Loop:
         ends = self.now + np.cumsum(self.step_times(batch, padding, steps))
         cut = int(np.searchsorted(ends, self.next_arrival()))  # the step during which the next arrival comes
         ends = ends[: min(steps, cut + 1)]
+        chunked = [batch.partial(i) for i in range(len(reqs))]  # a chunk of a prefill: no token this step
         for end in ends.tolist():
-            tokens = [EOS if r.generated + 1 == r.output_len else OTHER for r in reqs]
+            tokens = [EOS if r.generated + 1 == r.output_len else OTHER for r, c in zip(reqs, chunked) if not c]
             self.scheduler.postprocess(batch, tokens)
             batch = ScheduledBatch(batch.seqs, [1] * len(batch.seqs))  # after its first step, every seq decodes
-            for r in reqs:
+            for r, c in zip(reqs, chunked):
                 if r.timeline.scheduled is None:
                     r.timeline.scheduled = self.now
                 r.cached = r.seq.num_cached_tokens
-                r.timeline.record_token(end)
+                if not c:
+                    r.timeline.record_token(end)
             for s in padding:
                 self.by_seq[s.seq_id].cached += 1
         if decode_only:
@@ -248,10 +250,11 @@ class _Loop:
 
 
 def simulate(requests: Seq[SimRequest], policy, model, max_num_seqs: int = 256,
-             max_num_batched_tokens: int = NO_LIMIT) -> SimResult:
+             max_num_batched_tokens: int = NO_LIMIT, chunk_prefill=None) -> SimResult:
     """Serves ``requests`` (fresh ones: their state is filled in) with the engine's scheduler running
-    ``policy``, on ``model``'s clock.  ``max_num_seqs`` caps the batch unless the policy brings its own."""
-    loop = _Loop(requests, policy, model, max_num_seqs, max_num_batched_tokens)
+    ``policy``, on ``model``'s clock.  ``max_num_seqs`` caps the batch unless the policy brings its own;
+    ``chunk_prefill`` is the scheduler's chunking rule (None: every prompt in one step)."""
+    loop = _Loop(requests, policy, model, max_num_seqs, max_num_batched_tokens, chunk_prefill)
     previous = None
     while True:
         loop.admit_arrivals()

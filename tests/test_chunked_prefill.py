@@ -75,3 +75,18 @@ def test_a_chunking_rule_that_breaks_the_budget_is_named(target):
 def test_bad_chunked_prefill_settings_are_named(kwargs, words, target):
     with pytest.raises(ValueError, match=words):
         LLM(model=target, **kwargs)
+
+
+def test_bench_chunked_prints_both_tables_and_the_summary_line():
+    """The benchmark itself, one seed (its numbers are measurements, not assertions)."""
+    import re
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "miniengine", "bench", "chunked", "--seeds", "1"], capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert sum(line.startswith(("simulator ", "cpu ")) for line in lines) == 4  # two modes in each place
+    assert re.fullmatch(r"chunked prefill: decode ITL P99 \d+\.\dx lower on the simulator, \d+\.\dx lower on this CPU "
+                        r"\(medians of 1 seeds\); long-prompt TTFT P50 \d+\.\d\dx and \d+\.\d\dx", lines[-1]), lines[-1]
