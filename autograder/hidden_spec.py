@@ -122,6 +122,11 @@ SPECS: dict[tuple[str, str], list[Due]] = {
     # lab07: the int4 engine's tokens, and those of the student's mean-pooled GQA conversion
     ("lab07_gqa_and_quantization", "engine-hidden"): [Due("int4", "all", ("token_ids",)),
                                                       Due("gqa2_pooled", "all", ("token_ids",))],
+    # lab08: the engine on the student's PrefixCache serves two of each kind twice, after decoys, in three pools (every
+    # run must repeat the roomy pool's first round: checked in the kernel) and reports the roomy pool's second round,
+    # served from the cache; the engine fed by the student's chunking rule serves three of each kind
+    ("lab08_prefix_caching_and_chunked_prefill", "engine-hidden"): [Due("golden", "two_per_kind", ("token_ids",))],
+    ("lab08_prefix_caching_and_chunked_prefill", "chunk-hidden"): [Due("golden", "three_per_kind", ("token_ids",))],
 }
 
 
