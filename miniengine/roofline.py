@@ -27,7 +27,8 @@ What the model counts, and why:
 - Bytes include the KV history each sequence reads and the KV it writes.
   Activations are ignored: fused kernels keep most of them on chip.
 What it ignores: kernel efficiency that varies with shape, activation traffic,
-communication, CPU overhead beyond the fixed 0.5 ms.  It gives orders of
+communication (except the tensor-parallel all-reduces, priced apart by
+:func:`tensor_parallel_decode`), CPU overhead beyond the fixed 0.5 ms.  It gives orders of
 magnitude and trends, not the milliseconds of a real engine.
 
     python -m miniengine roofline --model llama3-8b --gpu H100 --phase decode --batch 64 --context 2048
@@ -357,6 +358,76 @@ class CostModel:
     def effective_ridge_point(self) -> float:
         """The same with the efficiencies applied: about the prompt length where prefill turns compute-bound."""
         return self.compute_eff * self.gpu.peak_flops / (self.bandwidth_eff * self.gpu.bandwidth)
+
+
+# ---------------------------------------------------------------- tensor parallelism
+
+
+@dataclasses.dataclass(frozen=True)
+class Interconnect:
+    """A GPU-to-GPU link: the bytes/s each GPU sends in one direction, and the fixed cost of one collective."""
+
+    name: str
+    bandwidth: float  # bytes/s per GPU, one direction
+    latency_s: float  # per all-reduce, whatever its size
+
+
+INTERCONNECTS = {
+    # NVIDIA's H100 SXM data sheet: NVLink 900 GB/s per GPU, both directions together (18 NVLink 4 links);
+    # a ring sends one way while it receives the other, so 450 GB/s is each GPU's pipe (the JAX scaling
+    # book's GPU chapter uses the same split).  The latency is an assumption, not a data-sheet figure: a
+    # small NCCL all-reduce inside one NVLink node costs on the order of 10 us of launches and handshakes.
+    "NVLink-H100": Interconnect("H100 NVLink (900 GB/s bidirectional)", 450e9, 10e-6),
+}
+
+
+def ring_allreduce_s(nbytes: float, world_size: int, link: Interconnect) -> float:
+    """Seconds for a ring all-reduce of ``nbytes`` over ``world_size`` GPUs: 2(p-1)/p x bytes / bandwidth + latency.
+
+    A reduce-scatter then an all-gather, each p-1 steps in which every GPU sends 1/p of the buffer:
+    2(p-1)/p of the buffer leaves each GPU, whatever p.  One GPU has nothing to exchange.
+    """
+    p = _check_count("world_size", world_size, 1)
+    if p == 1:
+        return 0.0
+    return 2 * (p - 1) / p * nbytes / link.bandwidth + link.latency_s
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorParallelStep:
+    """A decode step split over ``world_size`` GPUs: each GPU's share of the work, then the all-reduces."""
+
+    world_size: int
+    compute_s: float  # the paper GPU's step time for one GPU's share, fixed overhead included
+    comm_s: float  # every all-reduce of the step, one after another
+    allreduces: int
+    allreduce_bytes: float  # each
+
+    @property
+    def step_time_s(self) -> float:
+        return self.compute_s + self.comm_s  # no overlap: a layer's all-reduce gates the next layer
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm_s / self.step_time_s
+
+
+def tensor_parallel_decode(model: CostModel, world_size: int, batch: int, context: int, link: Interconnect,
+                           activation_bytes: float = 2) -> TensorParallelStep:
+    """One decode step of ``model`` with Megatron tensor parallelism over ``world_size`` GPUs.
+
+    Every weight matrix and every KV head is split p ways (Megatron also splits the embedding and the
+    LM head by vocabulary), so each GPU does 1/p of the FLOPs and moves 1/p of the bytes, in
+    parallel.  Communication: one all-reduce after each attention block and one after each MLP block,
+    2 x layers per step, each of batch x hidden_size 16-bit activations.
+    """
+    p = _check_count("world_size", world_size, 1)
+    cost = decode_cost(model.config, batch, context, **model._dtypes)
+    share = dataclasses.replace(cost, flops=cost.flops / p, weight_bytes=cost.weight_bytes / p,
+                                kv_read_bytes=cost.kv_read_bytes / p, kv_write_bytes=cost.kv_write_bytes / p)
+    n = 2 * model.config.num_hidden_layers
+    nbytes = batch * model.config.hidden_size * activation_bytes
+    return TensorParallelStep(p, float(model.step_time(share)), n * ring_allreduce_s(nbytes, p, link), n, nbytes)
 
 
 # ---------------------------------------------------------------- command line
