@@ -27,8 +27,18 @@ def test_every_notebook_runs(tmp_path):
     for row in rows:  # the executed copies are kept, with outputs
         assert (tmp_path / "build" / "regress" / row["notebook"]).exists()
     assert (tmp_path / "build" / "regress" / "summary.md").read_text().count("| passed |") == len(rows)
-    # autograder/README.md, Notebook conventions, rule 7: every notebook runs top to bottom with FAST=True in under a minute on 2 cores.
-    slow = [f"{row['notebook']}: {row['seconds']:.1f} s" for row in rows if row["seconds"] >= 60]
+    # autograder/README.md, Notebook conventions, rule 7: every notebook runs top to bottom with FAST=True in under a
+    # minute on 2 cores.  This suite shares the two cores with other test files (pytest -n 2), and once a notebook
+    # stalled for 300 s in one cell under that load and ran in 14 s alone: a notebook over the budget is run again,
+    # alone, and the budget applies to that run; both times are in the message.
+    slow = []
+    for row in rows:
+        if row["seconds"] >= 60:
+            again = tmp_path / "again"
+            run_cli("regress", REPO / row["notebook"], "--out", again, env=isolated_env(tmp_path), cwd=tmp_path, timeout=600)
+            (retry,) = json.loads((again / "summary.json").read_text())["notebooks"]
+            if retry["status"] != "passed" or retry["seconds"] >= 60:
+                slow.append(f"{row['notebook']}: {row['seconds']:.1f} s, then {retry['seconds']:.1f} s alone")
     assert not slow, "over the 60 s FAST budget: " + ", ".join(slow)
 
 
