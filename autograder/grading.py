@@ -56,8 +56,13 @@ class LabInfo:
     secrets: list[str]  # what would give a hidden input away in a message (hidden_secrets)
 
 
-def prepare_lab(lab: layout.Lab, run_dir: Path) -> LabInfo:
-    """The lab's test cells and a template gradebook, built from labs/ in this run.
+def load_hidden() -> dict[str, dict]:
+    """Every hidden golden file there is, by name: read once per grading run."""
+    return {f: hidden_spec.load(f) for f in hidden_spec.FILES if (hidden_spec.HIDDEN_DIR / f"{f}.json").exists()}
+
+
+def prepare_lab(lab: layout.Lab, run_dir: Path, hidden: dict[str, dict]) -> LabInfo:
+    """The lab's test cells and a template gradebook, built from labs/ in this run; ``hidden``: load_hidden().
 
     The template is never copied from course/gradebook.db: anything that could write there (an earlier
     ungraded run, a hand edit) could raise a test's points or change its source.
@@ -73,20 +78,16 @@ def prepare_lab(lab: layout.Lab, run_dir: Path) -> LabInfo:
     for t in results.test_cells(nbformat.read(root / "release" / lab.name / f"{lab.name}.ipynb", as_version=4)):
         originals.setdefault(t.grade_id, set()).add(t.source)
     files = {d.file for (name, _), dues in hidden_spec.SPECS.items() if name == lab.name for d in dues}
-    every = {f: hidden_spec.load(f) for f in hidden_spec.FILES if (hidden_spec.HIDDEN_DIR / f"{f}.json").exists()}
-    return LabInfo(lab, tests, root / "gradebook.db", originals, {f: every[f] for f in sorted(files)},
-                   hidden_secrets(every))
+    return LabInfo(lab, tests, root / "gradebook.db", originals, {f: hidden[f] for f in sorted(files)},
+                   hidden_secrets(hidden))
 
 
-def write_hidden_inputs(run_dir: Path) -> Path:
+def write_hidden_inputs(run_dir: Path, hidden: dict[str, dict]) -> Path:
     """The hidden files' inputs only (public_view), which a sandbox is shown while a hidden test runs."""
-    import json
-
     folder = run_dir / "hidden-inputs"
     folder.mkdir()
-    for name in hidden_spec.FILES:
-        if (hidden_spec.HIDDEN_DIR / f"{name}.json").exists():
-            (folder / f"{name}.json").write_text(json.dumps(hidden_spec.public_view(hidden_spec.load(name))))
+    for name, data in hidden.items():
+        (folder / f"{name}.json").write_text(json.dumps(hidden_spec.public_view(data)))
     return folder
 
 
@@ -398,15 +399,15 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
     run_dir.mkdir(parents=True)
     try:
         subs = submissions.collect(Path(path), chosen, run_dir, student=student)
-        infos = {}
+        infos, hidden = {}, load_hidden()
         for sub in subs:
             if sub.lab.name not in infos:
-                infos[sub.lab.name] = prepare_lab(sub.lab, run_dir)
+                infos[sub.lab.name] = prepare_lab(sub.lab, run_dir, hidden)
         limit = time_limit or student_time_limit(timeout)
         echo(f"grading {len(subs)} submission{'s' * (len(subs) != 1)} with {workers} worker{'s' * (workers != 1)} "
              f"(limits: {timeout} s per cell, {limit} s per notebook, {memory_gb:g} GB per kernel)")
         graded: list[tuple[StudentResult, Path]] = []
-        inputs = write_hidden_inputs(run_dir)
+        inputs = write_hidden_inputs(run_dir, hidden)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(grade_one, s, infos[s.lab.name], run_dir, timeout, memory_gb, limit, sandbox, inputs)
                        for s in subs]

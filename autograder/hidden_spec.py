@@ -206,12 +206,11 @@ def judge(lab: str, cell: str, payloads: list, files: dict[str, dict]) -> tuple[
     due = expected_keys(lab, cell, files)
     if set(got) != due:
         return False, f"the hidden test reported {len(got)} outputs where {len(due)} were due; a submission may not alter it"
-    by_case = {(s, c["name"]): c for name, data in files.items() for s in SECTIONS for c in data.get(s, [])}
+    cases = {(f, s, c["name"]): c for f, data in files.items() for s in SECTIONS for c in data.get(s, [])}
     failures = []
-    for key in sorted(due, key=lambda k: (k[0], k[1], by_case.get((k[1], k[2]), {}).get("name", ""), k[3])):
+    for key in sorted(due):
         file, section, name, field = key
-        want = next(c for c in files[file][section] if c["name"] == name)[field]
-        why = compare(field, got[key], want)
+        why = compare(field, got[key], cases[(file, section, name)][field])
         if why:
             failures.append(f"hidden case {name} ({file}), {field}: {why}")
     if failures:

@@ -208,7 +208,8 @@ def prompt_logits(model64, case) -> np.ndarray:
 def free_run(model64, cases: list[dict], pick, eos_token_id: int) -> list[list[int]]:
     """Decode every case with the float64 reference model, choosing each token with ``pick(logits_row, case, step)``.
 
-    ``pick`` is the student's function under test.  Each run follows the student's own tokens, so it needs no
+    ``pick`` is the student's function under test.  Not ``reference.naive_generate``: that is Lab 01's answer key,
+    which ``reference_forbidden`` makes fail while these tests run.  Each run follows the student's own tokens, so it needs no
     golden output: when every pick is right it retraces the golden run exactly, and the grader compares.  All
     cases advance together, one ragged forward pass per step, so the cost is the longest run's steps.
     """
@@ -369,18 +370,12 @@ def tokens_processed(prompt_len: int, n_generated: int) -> int:
 def one_case_per_kind(cases: list[dict]) -> list[dict]:
     """One golden case of each kind (greedy, temperature, top_k, ...), each from a different prompt where possible.
 
-    Full decodes are the slow tests, so they cover every sampler once rather than every case.
+    Full decodes are the slow tests, so they cover every sampler once rather than every case.  The hidden tests'
+    SPECS pick their cases with the same rule, so this is that rule.
     """
-    chosen: dict[str, dict] = {}
-    used_prompts: set[str] = set()
-    for fresh_prompts_only in (True, False):
-        for case in cases:
-            kind = case["name"].split("-", 1)[1]
-            if kind in chosen or (fresh_prompts_only and case["prompt"] in used_prompts):
-                continue
-            chosen[kind] = case
-            used_prompts.add(case["prompt"])
-    return sorted(chosen.values(), key=cases.index)
+    from . import hidden_spec
+
+    return importlib.reload(hidden_spec).one_per_kind(cases)
 
 
 # ---------------------------------------------------------------- the course's parts under a graded task

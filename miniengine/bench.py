@@ -152,6 +152,14 @@ def decode_step_tok_s(model, batch: int, prompt: list[int], steps: int = 20) -> 
     return batch / statistics.median(times)
 
 
+def warm_up(engine) -> None:
+    """One tiny request before the timed replay: first-call costs stay out of the measurement (and its three tokens
+    share no KV block with any trace)."""
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 def serve(args) -> int:
     """A seeded Poisson trace replayed on the wall clock under three policies: sequential, static, continuous."""
     if getattr(args, "shared_prefix", 0):  # callers that build args by hand may leave it out
@@ -181,9 +189,7 @@ def serve(args) -> int:
     for name, policy in policies:
         engine = LLMEngine(EngineConfig(model=model, scheduling_policy=policy, max_num_seqs=args.max_num_seqs,
                                         kv_cache_tokens=sum(int(p) + int(n) for p, n in zip(prompt_lens, new_lens))))
-        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))  # warm-up
-        while engine.has_unfinished_requests():
-            engine.step()
+        warm_up(engine)
         steps = []  # sequences that got a token at each step: how full the batch really was
         step = engine.step
         engine.step = lambda: steps.append(len(out := step())) or out
@@ -236,9 +242,7 @@ def serve_shared_prefix(args) -> int:
     for cached in (False, True):
         engine = LLMEngine(EngineConfig(model=model, max_num_seqs=args.max_num_seqs, enable_prefix_caching=cached,
                                         kv_cache_tokens=sum(len(r.prompt_token_ids) + r.params.max_tokens for r in trace)))
-        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))  # warm-up (and nothing in common with the trace)
-        while engine.has_unfinished_requests():
-            engine.step()
+        warm_up(engine)
         results = replay(engine, trace)
         tokens[cached] = [r.seq.output_token_ids for r in results]
         # What the prefills fed: every token fed, minus one per decode step (the last token is never fed).
@@ -305,9 +309,7 @@ def chunked(args) -> int:
         for mode, budget, chunk in (("prefill-first", 512, False), ("chunked", args.cpu_chunk, True)):
             engine = LLMEngine(EngineConfig(model=model, max_num_seqs=16, max_num_batched_tokens=budget,
                                             enable_chunked_prefill=chunk, kv_cache_tokens=8192))
-            engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))  # warm-up
-            while engine.has_unfinished_requests():
-                engine.step()
+            warm_up(engine)
             t = [r.timeline for r in replay(engine, trace)]
             rows["cpu"].append((seed, mode, decode_itl_p99(t, 8), long_ttft_p50(t, 8)))
     print(f"chunked prefill vs prefill-first, {args.seeds} seeds; decode ITL P99 over the running decodes, TTFT P50 "

@@ -253,13 +253,10 @@ class Scheduler:
         """
         finished, tokens = [], iter(token_ids)
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-            if batch.partial(i):  # a chunk of a prefill: cached now, nothing sampled yet
-                seq.tokens_processed += n
-                seq.num_cached_tokens += n
-                if hasattr(self.kv, "commit"):
-                    self.kv.commit(seq)
-                continue
             seq.tokens_processed += n
+            if batch.partial(i):  # a chunk of a prefill: cached now, nothing sampled yet
+                self._cached(seq, n)
+                continue
             completions = [seq]
             if seq.fork_pending:  # its prompt is cached: the other completions share it from here
                 seq.fork_pending = False
@@ -274,9 +271,7 @@ class Scheduler:
                 emitted = [int(t) for t in out] if speculative else [int(out)]
                 # A speculative decode fed its last token and the drafts; the ones its emitted tokens confirm
                 # (the last token and the accepted drafts, as many as it emitted) keep their K/V.
-                s.num_cached_tokens += len(emitted) if speculative else n
-                if hasattr(self.kv, "commit"):  # K/V of those positions are written: a prefix cache may keep them
-                    self.kv.commit(s)
+                self._cached(s, len(emitted) if speculative else n)
                 for tok in emitted:
                     s.token_ids.append(tok)
                     reason = stop_reason(s, tok, self.eos_token_id)
@@ -286,6 +281,12 @@ class Scheduler:
                         finished.append(s)
                         break
         return finished
+
+    def _cached(self, seq: Sequence, n: int) -> None:
+        """``n`` more of seq's positions have their K/V written: a prefix cache may key their full blocks now."""
+        seq.num_cached_tokens += n
+        if hasattr(self.kv, "commit"):
+            self.kv.commit(seq)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if seq.kv is not None:
