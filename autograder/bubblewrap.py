@@ -154,6 +154,9 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
         args += ["--symlink", "usr/lib64", "/lib64"]
     for folder in ("/tmp", home):
         args += ["--size", str(sandbox.tmp_mb << 20), "--perms", "1777", "--tmpfs", folder]
+    # A private /dev/shm: multiprocessing's locks and queues are POSIX semaphores there (lab 09 starts its
+    # tensor-parallel ranks with torch.multiprocessing).  bwrap's --dev leaves it unwritable.
+    args += ["--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/dev/shm"]
     # bwrap would make the folders above each mount point 0700 root; the student's uid must traverse them.
     parents = sorted({str(p) for path in read_only + writable for p in Path(path).parents
                       if str(p) not in ("/", "/tmp", home)}, key=lambda p: p.count("/"))

@@ -15,8 +15,8 @@ from miniengine.reference import naive_generate
 from miniengine.roofline import (GPUS, CostModel, Interconnect, llama3_70b, ring_allreduce_s,
                                  tensor_parallel_decode)
 from miniengine.sampling import SamplingParams
-from miniengine.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, check_world_size, rank_kv_shape,
-                                        shard_model, tp_generate)
+from miniengine.tensor_parallel import (ColumnParallelLinear, Plan, RowParallelLinear, ThreadRing, check_world_size,
+                                        rank_kv_shape, ring_all_reduce, row_shard, shard_model, tp_generate)
 
 
 def params_of(case):
@@ -183,3 +183,69 @@ def test_bench_tp_prints_its_tables_and_summary_line():
     assert "max |logit difference|" in r.stdout and "Llama-3-70B decode" in r.stdout
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("tensor parallel: 2 ranks on this CPU ") and "Llama-3-70B on 8 GPUs (NVLink): comm" in last
+
+
+# ------------------------------------------------------------------ the plug points: split functions and the ring
+
+@pytest.mark.parametrize("world_size,numel", [(1, 7), (2, 10), (2, 9), (3, 10), (4, 4), (5, 3), (4, 1031)])
+def test_the_ring_all_reduce_sums_with_identical_bits_on_every_rank_and_sends_2_p_minus_1_over_p(world_size, numel):
+    """Uneven chunks and fewer elements than ranks included; float64 sums against math.fsum-exact values."""
+    import math
+
+    gen = torch.Generator().manual_seed(numel)
+    xs = [torch.randn(numel, generator=gen, dtype=torch.float64).reshape(-1, 1) for _ in range(world_size)]
+    ring = ThreadRing(world_size)
+    outs = ring.run(lambda comm, x: ring_all_reduce(x, comm), xs)
+    exact = torch.tensor([math.fsum(float(x[i]) for x in xs) for i in range(numel)], dtype=torch.float64)
+    for r, out in enumerate(outs):
+        assert out.shape == xs[r].shape and torch.equal(out, outs[0]), f"rank {r} differs from rank 0"
+        torch.testing.assert_close(out.reshape(-1), exact, rtol=0, atol=1e-12)
+    # Each chunk travels p-1 hops while being summed and p-1 while being copied back.
+    assert sum(c.bytes_sent for c in ring.comms) == 2 * (world_size - 1) * numel * 8
+    biggest = -(-numel // world_size)
+    assert max(c.bytes_sent for c in ring.comms) <= 2 * (world_size - 1) * biggest * 8
+    if world_size == 2:  # two addends: a + b == b + a in IEEE arithmetic, the same bits as gloo's sum
+        assert torch.equal(outs[0], xs[0] + xs[1])
+
+
+def test_thread_ring_names_the_rank_left_waiting_and_a_mismatched_receive():
+    def unequal(comm, x):  # rank 0 exchanges twice, rank 1 once
+        for _ in range(2 if comm.rank == 0 else 1):
+            comm.ring_exchange(x, torch.empty_like(x))
+        return x
+
+    with pytest.raises(TimeoutError, match=r"rank 0 waited 1 s in its exchange 2 for rank 1: every rank must call "
+                                           r"ring_exchange the same number of times"):
+        ThreadRing(2, timeout_s=1).run(unequal, [torch.ones(3), torch.ones(3)])
+    with pytest.raises(ValueError, match=r"rank 1 sent 3 torch.float32 values, but recv holds 2 torch.float32"):
+        ThreadRing(2).run(lambda comm, x: comm.ring_exchange(x, torch.empty(2)), [torch.ones(3), torch.ones(3)])
+    with pytest.raises(ValueError, match=r"inputs must hold one entry per rank \(3\), got 2"):
+        ThreadRing(3).run(lambda comm, x: x, [1, 2])
+
+
+def test_a_split_plug_of_the_wrong_shape_is_named_with_its_layer(tiny_gqa):
+    with pytest.raises(ValueError, match=r"column_shard\(weight of shape \[32, 32\], rank=0, world_size=2\) for layer 0 "
+                                         r"q_proj returned shape \[32, 16\], expected \[16, 32\]"):
+        shard_model(tiny_gqa, 0, 2, plan=Plan(column_shard=lambda w, r, p: row_shard(w, r, p)))
+    with pytest.raises(TypeError, match=r"row_shard returned list for layer 0 o_proj, expected a torch.Tensor"):
+        shard_model(tiny_gqa, 0, 2, plan=Plan(row_shard=lambda w, r, p: [w]))
+    with pytest.raises(TypeError, match=r"all_reduce must be a function, got int"):
+        Plan(all_reduce=3)
+
+
+def test_plugged_in_notebook_style_functions_run_on_two_gloo_ranks_token_exact(golden):
+    """Split functions and a ring all-reduce defined locally (pickled by value, as a notebook's are), over
+    torch.distributed point-to-point messages: the golden tokens."""
+    def my_column(w, rank, p):
+        return w.chunk(p, 0)[rank]
+
+    def my_row(w, rank, p):
+        return w.chunk(p, 1)[rank]
+
+    def my_all_reduce(x, comm):
+        return ring_all_reduce(x, comm)
+
+    cases = [c for c in golden["cases"] if c["name"].startswith("p2-")]
+    outs = tp_generate("target", [c["prompt_token_ids"] for c in cases], [params_of(c) for c in cases], world_size=2,
+                       plan=Plan(my_column, my_row, my_all_reduce), timeout_s=60)
+    assert [o.token_ids for o in outs] == [c["token_ids"] for c in cases]
