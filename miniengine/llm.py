@@ -11,8 +11,15 @@ Behind it runs :class:`~miniengine.engine.LLMEngine`.  Keyword arguments are
 ``LLM(sampler=PerRowSampler(my_sample))``.  ``generate`` checks every request
 before running any and says which request index is at fault; ``add_request``
 and ``step`` drive the engine one step at a time.
+
+``LLM(tensor_parallel_size=2)`` (vLLM's name) serves ``generate`` on a model sharded
+over 2 processes (:mod:`miniengine.tensor_parallel`); ``tensor_parallel_plan`` plugs
+in other split functions and another all-reduce (Lab 09).  Each ``generate`` call
+starts the ranks and ends them, so stepping one request at a time is not offered.
 """
 from __future__ import annotations
+
+import itertools
 
 from .config import EngineConfig
 from .engine import LLMEngine
@@ -23,11 +30,34 @@ from .tokenizer import IncrementalDetokenizer, load_tokenizer
 
 
 class LLM:
-    def __init__(self, model="data/models/target", **engine_args):
+    def __init__(self, model="data/models/target", tensor_parallel_size: int = 1, tensor_parallel_plan=None,
+                 **engine_args):
+        self.tensor_parallel_size, self.tensor_parallel_plan = tensor_parallel_size, tensor_parallel_plan
+        self._tp_request_ids = itertools.count()
+        if tensor_parallel_size != 1 or tensor_parallel_plan is not None:
+            self._check_tensor_parallel(engine_args)
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self.model = self.engine.model
         self.tokenizer = load_tokenizer(self.engine.model_dir or TARGET)
         self._texts: dict = {}
+
+    def _check_tensor_parallel(self, engine_args):
+        from .tensor_parallel import Plan
+
+        size = self.tensor_parallel_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
+        plan = self.tensor_parallel_plan
+        if plan is not None and not isinstance(plan, Plan):
+            raise TypeError(f"tensor_parallel_plan must be a miniengine.tensor_parallel.Plan, got {type(plan).__name__}")
+        if engine_args:  # each rank builds its own engine (a paged KV pool of its own KV heads)
+            raise ValueError(f"with tensor_parallel_size={size}, LLM takes no engine arguments; "
+                             f"got {', '.join(sorted(engine_args))}")
+
+    def _single_process(self, what):
+        if self.tensor_parallel_size != 1 or self.tensor_parallel_plan is not None:
+            raise ValueError(f"{what} drives one engine step by step; with tensor_parallel_size="
+                             f"{self.tensor_parallel_size} each generate() call starts and ends the ranks: use generate()")
 
     def _encode(self, prompt):
         if isinstance(prompt, str):
@@ -47,6 +77,7 @@ class LLM:
 
     def add_request(self, prompt, sampling_params: SamplingParams | None = None, request_id=None):
         """Queue one request (a string or token ids); returns its request_id.  Raises ValueError if it is bad."""
+        self._single_process("add_request")
         text, ids = self._encode(prompt)
         seq = self.engine.add_request(ids, sampling_params, request_id)
         self._texts[seq.request_id] = text
@@ -54,6 +85,7 @@ class LLM:
 
     def step(self) -> list[RequestOutput]:
         """One engine step; an output for every request that got a token (``finished`` says if it is done)."""
+        self._single_process("step")
         roots = {s.root.seq_id: s.root for s in self.engine.step()}  # n > 1: one output per request
         return [self._output(s) for s in roots.values()]
 
@@ -82,6 +114,8 @@ class LLM:
                 self.engine.check_request(ids, sp)
             except ValueError as e:
                 raise ValueError(f"request {n}: {e}") from None
+        if self.tensor_parallel_size != 1 or self.tensor_parallel_plan is not None:
+            return self._generate_tensor_parallel(encoded, params)
         seqs = []
         for (text, ids), sp in zip(encoded, params):
             seq = self.engine.add_request(ids, sp)
@@ -90,6 +124,24 @@ class LLM:
         while self.engine.has_unfinished_requests():
             self.engine.step()
         return [self._output(s) for s in seqs]
+
+    def _generate_tensor_parallel(self, encoded, params) -> list[RequestOutput]:
+        from .tensor_parallel import tp_generate
+
+        bad = [n for n, sp in enumerate(params) if sp.n != 1]
+        if bad:
+            raise ValueError(f"request {bad[0]}: with tensor_parallel_size > 1 each request has one completion: "
+                             f"n must be 1, got {params[bad[0]].n}")
+        model = self.engine.model_dir or self.model  # a directory: each rank loads it itself
+        done = tp_generate(model, [ids for _, ids in encoded], params, world_size=self.tensor_parallel_size,
+                           plan=self.tensor_parallel_plan)
+        outs = []
+        for (text, ids), c in zip(encoded, done):
+            rid = next(self._tp_request_ids)
+            piece = self.tokenizer.decode(c.token_ids)
+            outs.append(RequestOutput(rid, text, ids, c.token_ids, piece, c.finish_reason, c.tokens_processed, True,
+                                      [CompletionOutput(0, c.token_ids, piece, c.finish_reason)]))
+        return outs
 
     def stream(self, prompt, sampling_params: SamplingParams | None = None):
         """Yields the completion's text in pieces as tokens are generated."""

@@ -7,6 +7,7 @@ import torch
 
 from conftest import tiny_config
 from miniengine.attention import NoCacheBackend
+from miniengine import LLM
 from miniengine.config import EngineConfig
 from miniengine.engine import LLMEngine
 from miniengine.model import Llama, load_model
@@ -249,3 +250,24 @@ def test_plugged_in_notebook_style_functions_run_on_two_gloo_ranks_token_exact(g
     outs = tp_generate("target", [c["prompt_token_ids"] for c in cases], [params_of(c) for c in cases], world_size=2,
                        plan=Plan(my_column, my_row, my_all_reduce), timeout_s=60)
     assert [o.token_ids for o in outs] == [c["token_ids"] for c in cases]
+
+
+def test_llm_serves_generate_on_two_ranks_and_refuses_what_it_cannot_do(target):
+    llm = LLM(tensor_parallel_size=2)
+    prompts = ["def fibonacci(n):", "import os"]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    got = llm.generate(prompts, params)
+    want = LLM(model=target).generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.text for o in got] == [o.text for o in want] and got[0].prompt == prompts[0]
+    with pytest.raises(ValueError, match=r"step drives one engine step by step; with tensor_parallel_size=2 each "
+                                         r"generate\(\) call starts and ends the ranks: use generate\(\)"):
+        llm.step()
+    with pytest.raises(ValueError, match=r"request 1: with tensor_parallel_size > 1 each request has one completion"):
+        llm.generate(prompts, [params, SamplingParams(n=2, max_tokens=4)])
+    with pytest.raises(ValueError, match=r"tensor_parallel_size must be an integer >= 1, got 0"):
+        LLM(tensor_parallel_size=0)
+    with pytest.raises(ValueError, match=r"with tensor_parallel_size=2, LLM takes no engine arguments; got max_num_seqs"):
+        LLM(tensor_parallel_size=2, max_num_seqs=4)
+    with pytest.raises(TypeError, match=r"tensor_parallel_plan must be a miniengine.tensor_parallel.Plan, got dict"):
+        LLM(tensor_parallel_size=2, tensor_parallel_plan={})
