@@ -127,6 +127,8 @@ SPECS: dict[tuple[str, str], list[Due]] = {
     # served from the cache; the engine fed by the student's chunking rule serves three of each kind
     ("lab08_prefix_caching_and_chunked_prefill", "engine-hidden"): [Due("golden", "two_per_kind", ("token_ids",))],
     ("lab08_prefix_caching_and_chunked_prefill", "chunk-hidden"): [Due("golden", "three_per_kind", ("token_ids",))],
+    # lab09: the engine on 2 gloo ranks with the student's split and ring all-reduce serves two of each kind
+    ("lab09_tensor_parallelism", "engine-hidden"): [Due("golden", "two_per_kind", ("token_ids",))],
 }
 
 

@@ -417,8 +417,18 @@ def launch(worker, world_size: int, args=(), timeout_s: float = 120.0, threads: 
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = mp.start_processes(_entry, args=(world_size, _free_port(), timeout_s, threads, results, worker, args),
-                               nprocs=world_size, join=False, start_method="spawn")
+    # The ranks inherit the environment at spawn.  c10d warns on stderr when the host name does not resolve (a
+    # sandbox's does not), and a notebook cell that writes to stderr fails under nbgrader: errors only.
+    saved = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        procs = mp.start_processes(_entry, args=(world_size, _free_port(), timeout_s, threads, results, worker, args),
+                                   nprocs=world_size, join=False, start_method="spawn")
+    finally:
+        if saved is None:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
+        else:
+            os.environ["TORCH_CPP_LOG_LEVEL"] = saved
     deadline, out = time.monotonic() + timeout_s, {}
     try:
         while len(out) < world_size:  # read before joining: a child exits only once its result is read
