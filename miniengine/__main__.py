@@ -1,4 +1,4 @@
-"""Command line: python -m miniengine {generate,info,roofline,bench,simulate,train,convert-gqa,golden,card} ...
+"""Command line: python -m miniengine {generate,info,roofline,bench,simulate,disagg,train,convert-gqa,golden,card} ...
 
 Bad arguments exit with status 2 and one line on stderr, never a traceback.
 """
@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import sim
 
     sim.add_arguments(sub.add_parser("simulate", help="batch-1, static and continuous batching on the paper GPU, over seeds"))
+    from . import disagg
+
+    disagg.add_arguments(sub.add_parser("disagg", help="colocated vs prefill/decode-split GPUs on the paper GPU"))
     return parser
 
 
