@@ -12,32 +12,47 @@ from test_autograder_support import REPO, explain, isolated_env, run_cli
 pytestmark = pytest.mark.slow
 
 
+# A cell's execute_reply is sometimes noticed only when the client's wait for it times out: pyzmq's asyncio poll
+# misses the wake-up and finds the message in its final check (zmq/_future.py), so the cell "passes" after exactly
+# the per-cell timeout. It struck widget cells of lectures 04 and 08 at 300 s while two pytest workers shared the
+# cores. A FAST notebook's cells take seconds, so this run waits at most STALL_S per cell, and a notebook that
+# timed out or went over the budget is run again alone, with the default timeout, which gives the verdict.
+STALL_S = 30
+
+
+def _timed_out(row) -> bool:
+    return row["status"] != "passed" and "timed out" in row["message"]
+
+
 def test_every_notebook_runs(tmp_path):
-    r = run_cli("regress", "--workers", 2, env=isolated_env(tmp_path), cwd=tmp_path, timeout=600)
+    r = run_cli("regress", "--workers", 2, "--timeout", STALL_S, env=isolated_env(tmp_path), cwd=tmp_path, timeout=600)
     summary = tmp_path / "build" / "regress" / "summary.json"
     assert summary.exists(), explain(r)
     rows = json.loads(summary.read_text())["notebooks"]
-    failed = [f"{row['notebook']}: {row['message']}" for row in rows if row["status"] != "passed"]
+    failed = [f"{row['notebook']}: {row['message']}" for row in rows if row["status"] != "passed" and not _timed_out(row)]
     assert not failed, "\n".join(failed)
-    assert r.returncode == 0, explain(r)
     names = {row["notebook"] for row in rows}
     expected = {p.relative_to(REPO).as_posix() for p in (REPO / "lectures").glob("*.ipynb")}
     expected |= {p.relative_to(REPO).as_posix() for p in (REPO / "labs").glob("*/*.ipynb")}
     assert names == expected
     for row in rows:  # the executed copies are kept, with outputs
         assert (tmp_path / "build" / "regress" / row["notebook"]).exists()
-    assert (tmp_path / "build" / "regress" / "summary.md").read_text().count("| passed |") == len(rows)
+    passed = sum(row["status"] == "passed" for row in rows)
+    assert (tmp_path / "build" / "regress" / "summary.md").read_text().count("| passed |") == passed
+    assert r.returncode == (0 if passed == len(rows) else 1), explain(r)
     # autograder/README.md, Notebook conventions, rule 7: every notebook runs top to bottom with FAST=True in under a
-    # minute on 2 cores.  This suite shares the two cores with other test files (pytest -n 2), and once a notebook
-    # stalled for 300 s in one cell under that load and ran in 14 s alone: a notebook over the budget is run again,
-    # alone, and the budget applies to that run; both times are in the message.
+    # minute on 2 cores.  This suite shares the two cores with other test files (pytest -n 2), and a cell can stall
+    # until its timeout (STALL_S, above): a notebook over the budget is run again, alone, and the budget applies to
+    # that run; both times are in the message.
     slow = []
     for row in rows:
-        if row["seconds"] >= 60:
+        if row["seconds"] >= 60 or _timed_out(row):
             again = tmp_path / "again"
             run_cli("regress", REPO / row["notebook"], "--out", again, env=isolated_env(tmp_path), cwd=tmp_path, timeout=600)
             (retry,) = json.loads((again / "summary.json").read_text())["notebooks"]
-            if retry["status"] != "passed" or retry["seconds"] >= 60:
+            if retry["status"] != "passed":
+                slow.append(f"{row['notebook']}: {row['message'] or 'over budget'}, then alone: {retry['message']}")
+            elif retry["seconds"] >= 60:
                 slow.append(f"{row['notebook']}: {row['seconds']:.1f} s, then {retry['seconds']:.1f} s alone")
     assert not slow, "over the 60 s FAST budget: " + ", ".join(slow)
 
