@@ -225,7 +225,10 @@ def notes_from_outputs(nb, test_ids: set[str], timeout: int) -> list[str]:
             ename = o.get("ename")
             if ename in ("SystemExit", "MemoryError", "DeadKernelError"):
                 notes.append(f"{label}: {results.describe_error(ename, o.get('evalue'), 160)}")
-                break
+            else:  # the name only, from the built-ins: a student's own exception class could carry text
+                notes.append(f"{label} raised {ename if ename in SHOWN_ERRORS else 'an exception'}; "
+                             f"the cells after it ran all the same")
+            break
     return notes
 
 

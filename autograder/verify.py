@@ -1,8 +1,9 @@
 """``verify``: prove each lab's tests sound before students see them.
 
-For every lab: the source notebook (the solution) must get full marks, the
-released stub must get zero, and every hidden test must fail on the stub (a
-hidden test that passes on the stub checks nothing).  Both are graded by the
+For every lab: the source notebook (the solution) must get full marks with
+every cell running without an error, the released stub must get zero, and
+every hidden test must fail on the stub (a hidden test that passes on the stub
+checks nothing).  Both are graded by the
 real ``grade`` pipeline, in private courses that leave course/gradebook.db alone.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ def problems_of(lab: layout.Lab, solution: results.StudentResult, stub: results.
         found.append("the lab has no test cells")
     if not any(t.hidden for t in solution.tests):
         found.append("the lab has no hidden tests")
+    # Every cell of the solution must run, measurements included: make test executes the labs only here.
+    found += [f"the solution: {note}" for note in solution.notes]
     for t in solution.tests:
         if t.max_points <= 0:
             found.append(f"test cell {t.test} is worth no points")
@@ -57,7 +60,8 @@ def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
         solution, stub = by[("solution", lab.name)], by[("stub", lab.name)]
         found = problems_of(lab, solution, stub)
         hidden = sum(t.hidden for t in stub.tests)
-        summary = (f"{lab.name}: solution {solution.score:g}/{solution.max_score:g}, stub {stub.score:g}/{stub.max_score:g}, "
+        summary = (f"{lab.name}: solution {solution.score:g}/{solution.max_score:g} in {solution.seconds:.1f} s, "
+                   f"stub {stub.score:g}/{stub.max_score:g}, "
                    f"{hidden} hidden test cell{'s' * (hidden != 1)} failing on the stub")
         if found:
             status = 1
