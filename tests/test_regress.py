@@ -1,6 +1,6 @@
 """``python -m autograder regress``: every lecture runs top to bottom with FAST=True.
 
-The labs' source notebooks are run top to bottom, every cell, by ``verify`` (tests/test_autograder_cli.py), which
+The labs' source notebooks are run top to bottom, every cell, by ``verify`` (tests/test_autograder_verify.py), which
 grades each solution in the sandbox with its measurements in their short form (the same path as FAST=True) and
 fails on any cell that raises; running them here as well cost a minute and a half of make test's ten.
 ``regress`` itself runs labs too, for instructors: the CLI test below runs it on one."""
