@@ -51,6 +51,9 @@ class EngineConfig:
     # packed two to a byte), or a scheme object with quantize(weight) and dequantize(state) (Lab 07).
     quantization: object = None
     quant_group_size: int = 64
+    # On CUDA, decode steps are captured once per batch-size bucket and replayed as CUDA graphs
+    # (engine/cuda_graphs.py); True keeps every step eager (vLLM's name). Without CUDA every step is eager.
+    enforce_eager: bool = False
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -62,6 +65,8 @@ class EngineConfig:
         if self.kv_layout == "paged" and self.kv_cache_tokens < self.block_size:
             raise ValueError(f"kv_cache_tokens must be >= block_size={self.block_size} (at least one block), "
                              f"got {self.kv_cache_tokens}")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
         if self.enable_prefix_caching and (self.kv_layout != "paged" or self.kv is not None):

@@ -60,6 +60,23 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits)
         self.requests: dict = {}  # request_id -> Sequence, for the requests not finished yet
         self.spec = self._speculative_decoder(config, dtype) if config.speculative_model is not None else None
+        if self.model.device.type == "cuda" and not config.enforce_eager and self.spec is None:
+            self.runner.graphs = self._decode_graphs()
+
+    def _decode_graphs(self):
+        """CUDA graphs for decode steps, one per bucket up to max_num_seqs; None (eager) where they cannot be had."""
+        import warnings
+
+        from .cuda_graphs import DecodeGraphs, default_buckets, supports
+
+        if not supports(self.kv):
+            return None  # a plugged-in KV layout or gather: its shapes are its own
+        try:
+            return DecodeGraphs(self.model, self.kv, default_buckets(self.config.max_num_seqs))
+        except Exception as e:  # noqa: BLE001 - a capture failure must not stop the engine from serving
+            warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); decoding eagerly. "
+                          f"LLM(enforce_eager=True) skips the attempt.", stacklevel=3)
+            return None
 
     def _speculative_decoder(self, config, dtype):
         from ..spec.decoding import SpeculativeDecoder

@@ -13,8 +13,9 @@ from .scheduler import ScheduledBatch
 
 
 class ModelRunner:
-    def __init__(self, model, kv, sampler, keep_logits: bool = False):
+    def __init__(self, model, kv, sampler, keep_logits: bool = False, graphs=None):
         self.model, self.kv, self.sampler, self.keep_logits = model, kv, sampler, keep_logits
+        self.graphs = graphs  # cuda_graphs.DecodeGraphs: decode-only steps run padded to a bucket, replayed on CUDA
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch, rows=None) -> torch.Tensor:
@@ -49,4 +50,6 @@ class ModelRunner:
         return self.sampler(logits, [p for _, p in rows], positions)
 
     def run(self, batch: ScheduledBatch) -> list[int]:
+        if self.graphs is not None and self.graphs.accepts(batch):
+            return self.sample(batch, self.graphs.run(batch.seqs))
         return self.sample(batch, self.forward(batch))

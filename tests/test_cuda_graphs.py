@@ -1,0 +1,144 @@
+"""Decode steps as CUDA graphs (miniengine/engine/cuda_graphs.py): what the CPU can check.
+
+The graph capture itself needs CUDA (`make gpu-check` runs the golden cases with graphs there).  Everything
+around it is the same code on the CPU with ``capture=False``: the buckets, the padding, the static buffers and
+the static-shape attention, held here to the golden tokens at every bucket.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from miniengine import LLM, SamplingParams
+from miniengine.config import EngineConfig
+from miniengine.engine import LLMEngine
+from miniengine.engine.cuda_graphs import DecodeGraphs, bucket_for, default_buckets, default_key_buckets, supports
+from miniengine.kv import PagedKV
+
+
+def params_of(case):
+    return SamplingParams(**case["params"])
+
+
+def graphed_engine(model, max_num_seqs, buckets, keep_logits=False, **config):
+    engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, **config), keep_logits=keep_logits)
+    engine.runner.graphs = DecodeGraphs(engine.model, engine.kv, buckets, capture=False)
+    return engine
+
+
+def serve(engine, cases, lengths=None):
+    params = [params_of(c) for c in cases]
+    if lengths is not None:
+        params = [SamplingParams(**{**c["params"], "max_tokens": n}) for c, n in zip(cases, lengths)]
+    seqs = [engine.add_request(c["prompt_token_ids"], p) for c, p in zip(cases, params)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    return seqs
+
+
+def staggered(cases):
+    """Output lengths 1 to 16 in turn (one case alone at 16): the batch thins out through every size.
+
+    A shorter max_tokens keeps the golden run's first tokens (greedy, or noise keyed by seed and position)."""
+    lengths = [1 + i % 16 for i in range(len(cases))]
+    lengths[15] = 15
+    return lengths
+
+
+def test_buckets_are_powers_of_two_then_the_batch_limit():
+    assert default_buckets(1) == (1,)
+    assert default_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert default_buckets(48) == (1, 2, 4, 8, 16, 32, 48)
+    assert [bucket_for(n, (1, 2, 4, 8)) for n in range(1, 10)] == [1, 2, 4, 4, 8, 8, 8, 8, None]
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=r"max_batch must be an integer >= 1"):
+            default_buckets(bad)
+    # table lengths in blocks: 256 keys' worth, doubling, then the longest table
+    assert default_key_buckets(256, 16) == (16, 32, 64, 128, 256)
+    assert default_key_buckets(40, 16) == (16, 32, 40)
+    assert default_key_buckets(8, 64) == (4, 8)
+
+
+def test_a_step_reads_only_its_key_bucket_s_history(target, golden):
+    """Key buckets of 2, 4 and 8 blocks of 8 positions: short contexts use the short graphs, long ones the long."""
+    engine = graphed_engine(target, 4, (1, 2, 4), block_size=8)
+    engine.runner.graphs = DecodeGraphs(engine.model, engine.kv, (1, 2, 4), capture=False, key_buckets=(2, 4, 8))
+    long_case = max(golden["cases"], key=lambda c: len(c["prompt_token_ids"]))
+    cases = golden["cases"][:3] + [long_case]
+    for c, s in zip(cases, serve(engine, cases)):
+        assert s.output_token_ids == c["token_ids"], c["name"]
+    graphs = engine.runner.graphs
+    assert graphs.key_buckets[:3] == (2, 4, 8) and graphs.key_buckets[-1] == graphs.max_blocks
+    used = [k for k, n in graphs.key_steps.items() if n]
+    assert len(used) >= 2, graphs.key_steps
+
+
+@pytest.mark.parametrize("max_num_seqs,buckets,config", [
+    (40, default_buckets(40), {}),                                   # 40 decodes thinning out: every bucket
+    (7, (1, 2, 4, 8), dict(kv_cache_tokens=512, block_size=8)),      # a small pool: preemption, tables rebuilt
+    (3, (4,), {}),                                                   # one bucket: every step padded
+])
+def test_padded_static_decode_gives_the_golden_tokens_at_every_bucket(target, golden, max_num_seqs, buckets, config):
+    cases = golden["cases"]
+    engine = graphed_engine(target, max_num_seqs, buckets, **config)
+    lengths = staggered(cases)
+    seqs = serve(engine, cases, lengths)
+    for c, s, n in zip(cases, seqs, lengths):
+        assert s.output_token_ids == c["token_ids"][:n], c["name"]
+    graphs = engine.runner.graphs
+    assert sum(graphs.steps.values()) >= 10 and graphs.padded_rows > 0, graphs.steps
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_each_bucket_serves_its_batch_sizes_exactly(target, golden, n):
+    """n requests decode together from their first decode step on, in bucket_for(n), padded with n - bucket rows."""
+    buckets = (1, 2, 4, 8)
+    cases = golden["cases"][5 * n % 40:][:n]
+    engine = graphed_engine(target, n, buckets)
+    for c, s in zip(cases, serve(engine, cases)):
+        assert s.output_token_ids == c["token_ids"], c["name"]
+    graphs = engine.runner.graphs
+    assert graphs.steps[bucket_for(n, buckets)] > 0, graphs.steps
+    assert (graphs.padded_rows > 0) == (n not in buckets)
+
+
+def test_the_static_step_s_logits_match_the_eager_step_s(target, golden):
+    """The static gather reads the whole table's worth of keys and masks the rest: last-bit differences only."""
+    cases = golden["cases"][:12]
+    eager = LLMEngine(EngineConfig(model=target, max_num_seqs=12), keep_logits=True)
+    static = graphed_engine(target, 12, default_buckets(12), keep_logits=True)
+    for a, b in zip(serve(eager, cases), serve(static, cases)):
+        assert a.output_token_ids == b.output_token_ids
+        diff = max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits))
+        assert diff < 1e-4
+
+
+def test_padding_repeats_row_0_so_its_writes_are_row_0_s(target):
+    engine = graphed_engine(target, 8, (1, 4, 8))
+    for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13, 14]):
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=4))
+    engine.step()  # the three prefills, eager
+    seqs = list(engine.scheduler.running)
+    for s in seqs:  # what the scheduler does before a decode step
+        engine.kv.append_slot(s)
+    graphs = engine.runner.graphs
+    assert graphs.prepare(seqs) == (4, graphs.key_buckets[0])
+    for name in ("input_ids", "positions", "context_lens", "block_tables"):
+        buf = getattr(graphs, name)
+        assert torch.equal(buf[3], buf[0]), name
+    assert graphs.positions[:3].tolist() == [s.num_cached_tokens for s in seqs]
+    assert graphs.input_ids[:3].tolist() == [s.token_ids[-1] for s in seqs]
+    assert (graphs.context_lens[:3] == graphs.positions[:3] + 1).all()
+    assert graphs.padded_rows == 1
+
+
+def test_what_stays_eager(target):
+    model = LLM(model=target).engine.model
+    assert LLM(model=target).engine.runner.graphs is None  # no CUDA here: every step eager
+    assert not supports(LLMEngine(EngineConfig(model=model, kv_layout="contiguous")).kv)
+    custom = PagedKV(model.config, 32, 16, gather=lambda cache, tables, n: None)
+    assert not supports(custom)
+    with pytest.raises(ValueError, match=r"decode graphs need the course's PagedKV with its own gather"):
+        DecodeGraphs(model, custom, (1, 2))
+    with pytest.raises(ValueError, match=r"enforce_eager must be True or False, got 'yes'"):
+        EngineConfig(enforce_eager="yes")
