@@ -7,6 +7,7 @@
     python -m miniengine bench spec   [--prompts 4 --new-tokens 64 --gammas 1 2 4 8]
     python -m miniengine bench quant  [--group-size 64 --new-tokens 128 --runs 3]
     python -m miniengine bench tp     [--batches 1 16 --steps 20 --repeats 3 --cases 40 --tp-size 8 --latency-us 10]
+    python -m miniengine bench gpu    [--batches 1 16 64 --context 512 --repeats 50 --new-tokens 256]   (CUDA only)
 
 Speed claims live here, not in tests: this machine is shared and noisy, so a
 ratio of medians taken in the same run is the number worth quoting.
@@ -704,3 +705,6 @@ def add_arguments(p) -> None:
     t.add_argument("--large-batch", type=int, default=64, help="the forecast's larger batch")
     t.add_argument("--latency-us", type=float, default=None, help="per all-reduce latency (default: the link's)")
     t.set_defaults(func=tp)
+    from .bench_gpu import add_arguments as gpu_arguments
+
+    gpu_arguments(sub.add_parser("gpu", help="on a CUDA GPU: eager against CUDA-graph decode steps, and the cost model"))

@@ -6,7 +6,9 @@
    with TF32 off, at batch limits 1 and 64, in the contiguous layout, under memory pressure, with
    speculation, the n=4 forks, the int8/int4 and GQA models on their own golden files, and through the
    float64 reference for a sample.
-2. ``bench batch --device cuda``: this engine against HF ``generate`` at batches 1, 4, 16, 64.
+   The engine runs with CUDA graphs (the default), and once with ``enforce_eager=True``.
+2. ``bench batch --device cuda``: this engine against HF ``generate`` at batches 1, 4, 16, 64; ``bench gpu``:
+   eager against CUDA-graph decode steps and the cost model.
 3. Every notebook top to bottom with ``DEVICE="cuda"`` and ``FAST=True`` (papermill).
 
 On a machine without CUDA it says so and exits 0: the course's own tests never need a GPU.
@@ -36,12 +38,19 @@ def golden_on_cuda() -> list[str]:
     if hidden.exists():
         cases += json.loads(hidden.read_text())["cases"]
     lines = []
-    for seqs in (1, 64):
-        llm = LLM(device="cuda", max_num_seqs=seqs)
+    for seqs, eager in ((1, False), (64, False), (64, True), (5, False)):
+        # CUDA graphs are on by default (engine/cuda_graphs.py); buckets 1, 2, 4, 5 for max_num_seqs=5: 3 pads to 4
+        llm = LLM(device="cuda", max_num_seqs=seqs, enforce_eager=eager)
         outs = llm.generate([c["prompt_token_ids"] for c in cases], [SamplingParams(**c["params"]) for c in cases])
         bad = [c["name"] for c, o in zip(cases, outs) if o.token_ids != c["token_ids"]]
-        lines.append(f"engine, cuda float32, max_num_seqs={seqs}: {len(cases) - len(bad)}/{len(cases)} golden cases exact"
-                     + (f"; FAILED: {bad[:5]}" if bad else ""))
+        graphs = llm.engine.runner.graphs
+        how = ("eager" if graphs is None else
+               f"CUDA graphs, {sum(graphs.steps.values())} replayed steps in buckets "
+               f"{sorted(b for b, n in graphs.steps.items() if n)}, {graphs.padded_rows} padded rows")
+        lines.append(f"engine, cuda float32, max_num_seqs={seqs}, {how}: {len(cases) - len(bad)}/{len(cases)} golden "
+                     f"cases exact" + (f"; FAILED: {bad[:5]}" if bad else ""))
+        if not eager and graphs is None:
+            lines.append("FAILED: CUDA graphs were not captured (see the warning above)")
     # The later milestones on CUDA: each layout, speculation, forks, quantized and GQA models on their own golden.
     from . import golden as golden_mod
     from .paths import MODELS
@@ -93,6 +102,13 @@ def main(argv=None) -> int:
                            capture_output=True, text=True, cwd=REPO_ROOT)
         print(r.stdout + r.stderr)
         summary += [ln for ln in r.stdout.splitlines() if ln.startswith(("batch 16", "ours / HF"))] or [f"bench failed: {r.stderr[-300:]}"]
+        failed |= r.returncode != 0
+    if not args.skip_bench:
+        r = subprocess.run([sys.executable, "-m", "miniengine", "bench", "gpu"], capture_output=True, text=True,
+                           cwd=REPO_ROOT)
+        print(r.stdout + r.stderr)
+        summary += [ln for ln in r.stdout.splitlines() if ln.startswith(("graphs/eager", "tiny model"))] or [
+            f"bench gpu failed: {r.stderr[-300:]}"]
         failed |= r.returncode != 0
     if not args.skip_notebooks:
         r = subprocess.run([sys.executable, "-m", "autograder", "regress", "--device", "cuda"], capture_output=True,

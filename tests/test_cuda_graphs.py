@@ -142,3 +142,13 @@ def test_what_stays_eager(target):
         DecodeGraphs(model, custom, (1, 2))
     with pytest.raises(ValueError, match=r"enforce_eager must be True or False, got 'yes'"):
         EngineConfig(enforce_eager="yes")
+
+
+def test_bench_gpu_says_it_needs_cuda_and_checks_its_flags(capsys):
+    from miniengine.__main__ import main
+
+    assert main(["bench", "gpu"]) == 1
+    assert "no CUDA device is visible here" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "gpu", "--batches", "1", "0"])
+    assert e.value.code == 2 and "--batches must be >= 1, got 1 0" in capsys.readouterr().err
