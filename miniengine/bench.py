@@ -492,7 +492,7 @@ def _tp_step_rank(rank, world_size, model_dir, prompt, batches, steps, repeats):
     from .config import EngineConfig
     from .engine import LLMEngine
     from .kv import PagedKV
-    from .tensor_parallel import comm_stats, rank_kv_shape, reset_comm_stats, shard_model
+    from .tensor_parallel import GlooComm, comm_stats, rank_kv_shape, reset_comm_stats, ring_all_reduce, shard_model
 
     full = load_model(model_dir)
     models = {world_size: shard_model(full, rank, world_size)}
@@ -526,13 +526,19 @@ def _tp_step_rank(rank, world_size, model_dir, prompt, batches, steps, repeats):
         # The same all-reduces back to back, with no compute between them: the transport alone, without
         # the waits for a rank that arrives late.
         torch.distributed.barrier()
-        x, loop = torch.zeros(b, full.config.hidden_size), []
+        x, loop, ring_loop, comm = torch.zeros(b, full.config.hidden_size), [], [], GlooComm()
         for _ in range(steps * 5):
             t0 = time.perf_counter()
             torch.distributed.all_reduce(x)
             loop.append(time.perf_counter() - t0)
+        torch.distributed.barrier()
+        for _ in range(steps * 5):  # the course's ring (Lab 09's), over point-to-point messages
+            t0 = time.perf_counter()
+            ring_all_reduce(x, comm)
+            ring_loop.append(time.perf_counter() - t0)
         out[b] = dict(step={ws: statistics.median(t) for ws, t in times.items()}, comm=statistics.median(comm_s),
-                      calls=calls, back_to_back=calls * statistics.median(loop))
+                      calls=calls, back_to_back=calls * statistics.median(loop), one=statistics.median(loop),
+                      ring=statistics.median(ring_loop))
     return out
 
 
@@ -573,6 +579,9 @@ def tp(args) -> int:
               f"{1e3 * t['back_to_back']:>16.2f} {two / one:>9.2f}x")
     print("(back-to-back: the same number of all-reduces of the same size timed in a loop with no compute between "
           "them: the transport, without the waits for a late rank)")
+    for b, t in timings.items():
+        print(f"one all-reduce of [{b}, hidden] float32 on 2 ranks: gloo's all_reduce {1e6 * t['one']:.0f} us, the "
+              f"course's ring_all_reduce over isend/recv (Lab 09) {1e6 * t['ring']:.0f} us ({t['ring'] / t['one']:.2f}x)")
     from .model import load_config
 
     t, layers = timings[args.batches[0]], load_config(model_dir).num_hidden_layers

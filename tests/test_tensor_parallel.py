@@ -182,6 +182,8 @@ def test_bench_tp_prints_its_tables_and_summary_line():
     assert r.returncode == 0, r.stderr
     assert "2 ranks: float32 engine 2/2 token-exact, float64 reference decoder 2/2" in r.stdout
     assert "max |logit difference|" in r.stdout and "Llama-3-70B decode" in r.stdout
+    assert "one all-reduce of [1, hidden] float32 on 2 ranks: gloo's all_reduce" in r.stdout
+    assert "the course's ring_all_reduce over isend/recv (Lab 09)" in r.stdout
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("tensor parallel: 2 ranks on this CPU ") and "Llama-3-70B on 8 GPUs (NVLink): comm" in last
 
