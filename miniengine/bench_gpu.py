@@ -19,15 +19,6 @@ import time
 
 import torch
 
-GPU_NAMES = {"H100": "H100", "H200": "H200", "A100": "A100-80GB", "T4": "T4"}  # device name contains -> roofline
-
-
-def gpu_spec(name: str):
-    from .roofline import GPUS
-
-    return next((GPUS[v] for k, v in GPU_NAMES.items() if k in name), None)
-
-
 def lecture03_config():
     from .model import LlamaConfig
 
@@ -100,10 +91,10 @@ def run(args) -> int:
               "(torch.cuda.is_available() is False). Run it on a GPU machine; `make gpu-check` runs it too.")
         return 1
     from .model import Llama
-    from .roofline import CostModel
+    from .roofline import CostModel, gpu_for_device
 
     name = torch.cuda.get_device_name()
-    spec = gpu_spec(name)
+    spec = gpu_for_device(name)
     cfg = lecture03_config()
     torch.manual_seed(0)
     with torch.device("cuda"):

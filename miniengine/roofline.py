@@ -78,6 +78,18 @@ def get_gpu(name: str) -> GPU:
     raise ValueError(f"--gpu {name!r} is not a known GPU; choose one of: {', '.join(GPUS)}")
 
 
+# CUDA device names (torch.cuda.get_device_name) of the exact products in the table. Variants differ: a PCIe or
+# NVL card, or a 40 GB A100, has other bandwidth or peak numbers, so it counts as unknown.
+DEVICE_NAMES = {"H100 80GB HBM3": "H100", "H200": "H200", "A100-SXM4-80GB": "A100-80GB", "T4": "T4"}
+
+
+def gpu_for_device(device_name: str) -> GPU | None:
+    """The table's entry for this exact CUDA product, or None."""
+    if "PCIe" in device_name or "NVL" in device_name:
+        return None
+    return next((GPUS[key] for pattern, key in DEVICE_NAMES.items() if pattern in device_name), None)
+
+
 # ---------------------------------------------------------------- models
 
 

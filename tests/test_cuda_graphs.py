@@ -151,3 +151,13 @@ def test_bench_gpu_says_it_needs_cuda_and_checks_its_flags(capsys):
     assert "no CUDA device is visible here" in capsys.readouterr().out
     assert main(["bench", "gpu", "--batches", "1", "0"]) == 2
     assert "--batches must be >= 1, got 1 0" in capsys.readouterr().err
+
+
+def test_only_the_exact_products_in_the_gpu_table_get_its_numbers():
+    from miniengine.roofline import GPUS, gpu_for_device
+
+    assert gpu_for_device("NVIDIA H100 80GB HBM3") is GPUS["H100"]
+    assert gpu_for_device("NVIDIA H200") is GPUS["H200"]
+    assert gpu_for_device("Tesla T4") is GPUS["T4"]
+    for other in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA A100-SXM4-40GB", "NVIDIA GeForce RTX 4090"):
+        assert gpu_for_device(other) is None, other
