@@ -34,7 +34,7 @@ class LLM:
                  **engine_args):
         self.tensor_parallel_size, self.tensor_parallel_plan = tensor_parallel_size, tensor_parallel_plan
         self._tp_request_ids = itertools.count()
-        if tensor_parallel_size != 1 or tensor_parallel_plan is not None:
+        if self.sharded:
             self._check_tensor_parallel(engine_args)
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self.model = self.engine.model
@@ -54,8 +54,13 @@ class LLM:
             raise ValueError(f"with tensor_parallel_size={size}, LLM takes no engine arguments; "
                              f"got {', '.join(sorted(engine_args))}")
 
+    @property
+    def sharded(self) -> bool:
+        """Does generate() run on tensor-parallel ranks (a size other than 1, or a plan)?"""
+        return self.tensor_parallel_size != 1 or self.tensor_parallel_plan is not None
+
     def _single_process(self, what):
-        if self.tensor_parallel_size != 1 or self.tensor_parallel_plan is not None:
+        if self.sharded:
             raise ValueError(f"{what} drives one engine step by step; with tensor_parallel_size="
                              f"{self.tensor_parallel_size} each generate() call starts and ends the ranks: use generate()")
 
@@ -114,7 +119,7 @@ class LLM:
                 self.engine.check_request(ids, sp)
             except ValueError as e:
                 raise ValueError(f"request {n}: {e}") from None
-        if self.tensor_parallel_size != 1 or self.tensor_parallel_plan is not None:
+        if self.sharded:
             return self._generate_tensor_parallel(encoded, params)
         seqs = []
         for (text, ids), sp in zip(encoded, params):
