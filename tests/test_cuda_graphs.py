@@ -3,6 +3,11 @@
 The graph capture itself needs CUDA (`make gpu-check` runs the golden cases with graphs there).  Everything
 around it is the same code on the CPU with ``capture=False``: the buckets, the padding, the static buffers and
 the static-shape attention, held here to the golden tokens at every bucket.
+
+The capture is checked too, with a stand-in for ``torch.cuda.CUDAGraph`` (``tests/graph_replay.py``): the
+engine's own ``capture()`` records each bucket's step once, refusing what a real capture refuses (host reads
+such as ``.item()``), and every later step replays the recorded ops with no Python in between, so a value
+frozen at capture shows up as a wrong token.
 """
 from __future__ import annotations
 
@@ -59,10 +64,16 @@ def test_buckets_are_powers_of_two_then_the_batch_limit():
     assert default_key_buckets(8, 64) == (4, 8)
 
 
-def test_a_step_reads_only_its_key_bucket_s_history(target, golden):
-    """Key buckets of 2, 4 and 8 blocks of 8 positions: short contexts use the short graphs, long ones the long."""
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_step_reads_only_its_key_bucket_s_history(target, golden, monkeypatch, replay):
+    """Key buckets of 2, 4 and 8 blocks of 8 positions: short contexts use the short graphs, long ones the long.
+    With ``replay``, each bucket's step is captured once and replayed (graph_replay, below)."""
+    if replay:
+        from graph_replay import emulate_cuda_graphs
+
+        emulate_cuda_graphs(monkeypatch)
     engine = graphed_engine(target, 4, (1, 2, 4), block_size=8)
-    engine.runner.graphs = DecodeGraphs(engine.model, engine.kv, (1, 2, 4), capture=False, key_buckets=(2, 4, 8))
+    engine.runner.graphs = DecodeGraphs(engine.model, engine.kv, (1, 2, 4), capture=replay, key_buckets=(2, 4, 8))
     long_case = max(golden["cases"], key=lambda c: len(c["prompt_token_ids"]))
     cases = golden["cases"][:3] + [long_case]
     for c, s in zip(cases, serve(engine, cases)):
@@ -71,6 +82,8 @@ def test_a_step_reads_only_its_key_bucket_s_history(target, golden):
     assert graphs.key_buckets[:3] == (2, 4, 8) and graphs.key_buckets[-1] == graphs.max_blocks
     used = [k for k, n in graphs.key_steps.items() if n]
     assert len(used) >= 2, graphs.key_steps
+    if replay:
+        assert {k for (_, k), g in graphs.graphs.items() if g.replays} == set(used)
 
 
 @pytest.mark.parametrize("max_num_seqs,buckets,config", [
@@ -102,15 +115,24 @@ def test_each_bucket_serves_its_batch_sizes_exactly(target, golden, n):
     assert (graphs.padded_rows > 0) == (n not in buckets)
 
 
-def test_the_static_step_s_logits_match_the_eager_step_s(target, golden):
-    """The static gather reads the whole table's worth of keys and masks the rest: last-bit differences only."""
+@pytest.mark.parametrize("replay", [False, True])
+def test_the_static_step_s_logits_match_the_eager_step_s(target, golden, monkeypatch, replay):
+    """The static gather reads the whole table's worth of keys and masks the rest: last-bit differences only.
+    With ``replay``, the logits kept are copies, not views of the graph's output that the next replay overwrites."""
     cases = golden["cases"][:12]
     eager = LLMEngine(EngineConfig(model=target, max_num_seqs=12), keep_logits=True)
     static = graphed_engine(target, 12, default_buckets(12), keep_logits=True)
+    if replay:
+        from graph_replay import emulate_cuda_graphs
+
+        emulate_cuda_graphs(monkeypatch)
+        static.runner.graphs = DecodeGraphs(static.model, static.kv, default_buckets(12), capture=True)
     for a, b in zip(serve(eager, cases), serve(static, cases)):
         assert a.output_token_ids == b.output_token_ids
         diff = max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits))
         assert diff < 1e-4
+    if replay:
+        assert sum(g.replays for g in static.runner.graphs.graphs.values()) > 0
 
 
 def test_padding_repeats_row_0_so_its_writes_are_row_0_s(target):
@@ -161,3 +183,88 @@ def test_only_the_exact_products_in_the_gpu_table_get_its_numbers():
     assert gpu_for_device("Tesla T4") is GPUS["T4"]
     for other in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA A100-SXM4-40GB", "NVIDIA GeForce RTX 4090"):
         assert gpu_for_device(other) is None, other
+
+
+# --- The capture itself, on the CPU: graph_replay.ReplayGraph runs the captured step's ops without its Python ---
+
+def test_the_replay_stand_in_catches_what_a_real_capture_would():
+    """The tool first: a replay reads the static buffers afresh, freezes Python values, and refuses host reads."""
+    from graph_replay import CaptureError, ReplayGraph, emulated_graph
+
+    x, scale = torch.arange(4.0), 3
+    g = ReplayGraph()
+    with emulated_graph(g):
+        y = x[1:] * scale + x.sum()
+    x.copy_(torch.tensor([1.0, 1.0, 1.0, 1.0]))
+    scale = 100  # a Python value: the graph keeps the 3 it saw
+    g.replay()
+    assert y.tolist() == [7.0, 7.0, 7.0] and g.replays == 1
+    for bad, what in ((lambda: x[0].item(), r"\.item\(\)"), (lambda: bool(x[0] > 0), r"bool\(\) of a tensor"),
+                      (lambda: x[x > 0], r"boolean mask"), (lambda: torch.tensor([1, 2]), r"torch\.tensor"),
+                      (lambda: x.tolist(), r"\.tolist\(\)")):
+        # under inference mode, as DecodeGraphs.capture runs (outside it .tolist() dispatches no op to catch)
+        with pytest.raises(CaptureError, match=what), torch.inference_mode(), emulated_graph(ReplayGraph()):
+            bad()
+
+
+def captured_engine(model, max_num_seqs, buckets, monkeypatch, **config):
+    from graph_replay import emulate_cuda_graphs
+
+    emulate_cuda_graphs(monkeypatch)
+    engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, **config))
+    engine.runner.graphs = DecodeGraphs(engine.model, engine.kv, buckets, capture=True, key_buckets=(2,))
+    return engine
+
+
+@pytest.mark.parametrize("max_num_seqs,buckets,config", [
+    (40, default_buckets(40), {}),                                   # 40 decodes thinning out: every bucket
+    (7, (1, 2, 4, 8), dict(kv_cache_tokens=512, block_size=8)),      # a small pool: preemption, tables rebuilt
+])
+def test_replayed_graphs_give_the_golden_tokens(target, golden, monkeypatch, max_num_seqs, buckets, config):
+    """DecodeGraphs' own capture() on the CPU: every decode step is a replay of ops recorded once per bucket."""
+    engine = captured_engine(target, max_num_seqs, buckets, monkeypatch, **config)
+    graphs = engine.runner.graphs
+    assert set(graphs.graphs) == {(b, k) for b in graphs.buckets for k in graphs.key_buckets}
+    cases, lengths = golden["cases"], staggered(golden["cases"])
+    for c, s, n in zip(cases, serve(engine, cases, lengths), lengths):
+        assert s.output_token_ids == c["token_ids"][:n], c["name"]
+    replays = {key: g.replays for key, g in graphs.graphs.items() if g.replays}
+    assert sum(replays.values()) == sum(graphs.steps.values()) >= 10 and graphs.padded_rows > 0, replays
+    assert len({b for b, _ in replays}) >= 3, replays
+
+
+def test_capture_puts_back_the_slot_it_writes(target, monkeypatch):
+    """Captures run on zeroed buffers, so they write K/V into block 0's slot 0: a live sequence's K/V stays."""
+    from graph_replay import emulate_cuda_graphs
+
+    emulate_cuda_graphs(monkeypatch)
+    engine = LLMEngine(EngineConfig(model=target, max_num_seqs=2))
+    kv = engine.kv
+    kv.pool_k.normal_(), kv.pool_v.normal_()
+    before = kv.pool_k.clone(), kv.pool_v.clone()
+    graphs = DecodeGraphs(engine.model, kv, (1, 2), capture=True)
+    assert torch.equal(kv.pool_k, before[0]) and torch.equal(kv.pool_v, before[1])
+    assert graphs.steps == {1: 0, 2: 0} and graphs.padded_rows == 0
+
+
+def test_a_capture_that_fails_leaves_the_engine_eager_with_a_warning(target, golden, monkeypatch):
+    from graph_replay import emulate_cuda_graphs
+
+    emulate_cuda_graphs(monkeypatch)
+
+    class Refused:
+        def __init__(self, *a, **k):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Refused)
+    engine = LLMEngine(EngineConfig(model=target, max_num_seqs=4))
+    engine.kv.pool_k.normal_()
+    before = engine.kv.pool_k.clone()
+    with pytest.warns(UserWarning, match=r"CUDA graph capture failed \(RuntimeError: operation not permitted when "
+                      r"stream is capturing\); decoding eagerly\. LLM\(enforce_eager=True\) skips the attempt\."):
+        assert engine._decode_graphs() is None
+    assert torch.equal(engine.kv.pool_k, before)
+    engine.kv.pool_k.zero_()
+    cases = golden["cases"][:4]
+    for c, s in zip(cases, serve(engine, cases)):
+        assert s.output_token_ids == c["token_ids"], c["name"]

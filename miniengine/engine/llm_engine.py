@@ -72,7 +72,7 @@ class LLMEngine:
         if not supports(self.kv):
             return None  # a plugged-in KV layout or gather: its shapes are its own
         try:
-            return DecodeGraphs(self.model, self.kv, default_buckets(self.config.max_num_seqs))
+            return DecodeGraphs(self.model, self.kv, default_buckets(self.config.max_num_seqs), capture=True)
         except Exception as e:  # noqa: BLE001 - a capture failure must not stop the engine from serving
             warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); decoding eagerly. "
                           f"LLM(enforce_eager=True) skips the attempt.", stacklevel=3)
