@@ -268,3 +268,20 @@ def test_a_capture_that_fails_leaves_the_engine_eager_with_a_warning(target, gol
     cases = golden["cases"][:4]
     for c, s in zip(cases, serve(engine, cases)):
         assert s.output_token_ids == c["token_ids"], c["name"]
+
+
+def test_gpu_check_s_padding_check_runs_here_on_replayed_graphs(target, monkeypatch):
+    """gpu_check.padding_on_cuda, with the CPU and the replay stand-in in place of CUDA: its bookkeeping holds."""
+    import miniengine.llm
+    from graph_replay import emulate_cuda_graphs
+    from miniengine import gpu_check
+
+    emulate_cuda_graphs(monkeypatch)
+
+    def on_cpu(device, **kwargs):
+        llm = LLM(model=target, **kwargs)
+        llm.engine.runner.graphs = llm.engine._decode_graphs()
+        return llm
+
+    monkeypatch.setattr(miniengine.llm, "LLM", on_cpu)
+    assert gpu_check.padding_on_cuda() == "padding: the padded row's logits equal row 0's bit for bit"
