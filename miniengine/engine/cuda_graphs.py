@@ -25,11 +25,12 @@ that is what the CPU tests hold to the golden tokens.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..attention import attention
 from ..kv.block_manager import blocks_needed
-from ..kv.paged import PagedKV, gather_history
+from ..kv.paged import PagedKV, block_table_tensor, gather_history
 
 
 def default_buckets(max_batch: int) -> tuple[int, ...]:
@@ -109,10 +110,11 @@ class DecodeGraphs:
         if self.key_buckets[0] < 1:
             raise ValueError(f"key_buckets must be block counts >= 1, got {key_buckets!r}")
         top = self.buckets[-1]
-        self.input_ids = torch.zeros(top, dtype=torch.long, device=device)
-        self.positions = torch.zeros(top, dtype=torch.long, device=device)
+        # Input ids, positions and context lengths share one buffer, so a step sends them in one copy.
+        self.step_meta = torch.zeros(3, top, dtype=torch.long, device=device)
+        self.input_ids, self.positions, self.context_lens = self.step_meta.unbind(0)
+        self.context_lens.fill_(1)  # until the first step: position 0 of block 0, the slot the captures write
         self.block_tables = torch.zeros(top, self.max_blocks, dtype=torch.long, device=device)
-        self.context_lens = torch.ones(top, dtype=torch.long, device=device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch bucket, key bucket) -> graph
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self._reset_counts()
@@ -138,21 +140,20 @@ class DecodeGraphs:
         bucket = bucket_for(n, self.buckets)
         if bucket is None:
             raise ValueError(f"{n} sequences do not fit the largest bucket ({self.buckets[-1]})")
-        rows = list(range(n)) + [0] * (bucket - n)
-        pos = [seqs[i].num_cached_tokens for i in rows]
-        ids = [seqs[i].token_ids[p] for i, p in zip(rows, pos)]
-        tables = [self.kv.table(seqs[i]) for i in rows]
-        grid = torch.zeros(bucket, self.max_blocks, dtype=torch.long)
-        for r, t in enumerate(tables):
-            if len(t) > self.max_blocks:
-                raise ValueError(f"a block table of {len(t)} blocks is longer than the graphs' {self.max_blocks}")
-            grid[r, :len(t)] = torch.tensor(t, dtype=torch.long)
-        # One host-to-device copy per buffer, into the memory the graph reads.
-        self.input_ids[:bucket].copy_(torch.tensor(ids), non_blocking=True)
-        self.positions[:bucket].copy_(torch.tensor(pos), non_blocking=True)
-        self.context_lens[:bucket].copy_(torch.tensor(pos) + 1, non_blocking=True)
-        self.block_tables[:bucket].copy_(grid, non_blocking=True)
-        key_blocks = bucket_for(max(len(t) for t in tables), self.key_buckets)
+        tables = [self.kv.table(s) for s in seqs]
+        width = max(len(t) for t in tables)
+        if width > self.max_blocks:
+            raise ValueError(f"a block table of {width} blocks is longer than the graphs' {self.max_blocks}")
+        key_blocks = bucket_for(width, self.key_buckets)
+        pos = [s.num_cached_tokens for s in seqs]
+        ids = [s.token_ids[p] for s, p in zip(seqs, pos)]
+        pad = bucket - n
+        ids, pos, tables = ids + ids[:1] * pad, pos + pos[:1] * pad, tables + tables[:1] * pad
+        # Two host-to-device copies, into the memory the graph reads; the graph for key_blocks reads only
+        # the first key_blocks columns of the tables, so only those are sent.
+        meta = np.array([ids, pos, [p + 1 for p in pos]], dtype=np.int64)  # numpy: see block_table_tensor
+        self.step_meta[:, :bucket].copy_(torch.from_numpy(meta), non_blocking=True)
+        self.block_tables[:bucket, :key_blocks].copy_(block_table_tensor(tables, key_blocks), non_blocking=True)
         self.steps[bucket] += 1
         self.key_steps[key_blocks] += 1
         self.padded_rows += bucket - n

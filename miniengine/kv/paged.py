@@ -21,6 +21,7 @@ the history per layer (lecture 05 measures that cost).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .block_manager import BlockManager, blocks_needed
@@ -42,6 +43,16 @@ def gather_history(cache: torch.Tensor, block_tables: torch.Tensor, num_keys: in
     return blocks.view(B, used * block_size, *cache.shape[2:])[:, :num_keys]
 
 
+def block_table_tensor(tables: list[list[int]], width: int, device=None) -> torch.Tensor:
+    """The tables as one [len(tables), width] long tensor, each padded with block 0 (any real block will do: what
+    padding keys read is masked out).  Built in numpy: ``torch.tensor`` of nested lists costs about 5x as much
+    per number, 0.3 ms for 64 tables of 32 blocks, which is a decode step's worth of time on a GPU."""
+    grid = np.zeros((len(tables), width), dtype=np.int64)
+    for row, t in zip(grid, tables):
+        row[:len(t)] = t
+    return torch.from_numpy(grid).to(device)
+
+
 class PagedBackend(PoolBackend):
     """One step's attention over the paged pool.  ``tables[i]``: sequence i's block table, long enough for its
     history plus its new tokens (the scheduler's ``allocate``/``append_slot`` saw to that)."""
@@ -49,9 +60,7 @@ class PagedBackend(PoolBackend):
     def __init__(self, kv: "PagedKV", tables: list[list[int]], history, new_tokens):
         self.kv, self.block_size = kv, kv.block_size
         device = kv.pool_k.device
-        width = max(len(t) for t in tables)
-        # Padded with block 0: any real block will do, what padding keys read is masked out.
-        self.block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=device)
+        self.block_tables = block_table_tensor(tables, max(len(t) for t in tables), device)
         self._short = next((f"block table of step row {i} has {len(t)} blocks ({len(t) * self.block_size} positions), "
                             f"but it writes positions [{h}, {h + n})" for i, (t, h, n) in
                             enumerate(zip(tables, history, new_tokens)) if h + n > len(t) * self.block_size), None)
