@@ -285,3 +285,21 @@ def test_gpu_check_s_padding_check_runs_here_on_replayed_graphs(target, monkeypa
 
     monkeypatch.setattr(miniengine.llm, "LLM", on_cpu)
     assert gpu_check.padding_on_cuda() == "padding: the padded row's logits equal row 0's bit for bit"
+
+
+def test_replayed_graphs_serve_forks_and_a_prefix_cache(target, golden, monkeypatch):
+    """n=4 forks share their prompt's blocks, so their first decodes copy a shared block (copy-on-write, done by
+    the scheduler's append_slot before the step); with a prefix cache, requests start on cached blocks.  Both
+    reach the graphs as plain block tables."""
+    from graph_replay import emulate_cuda_graphs
+
+    emulate_cuda_graphs(monkeypatch)
+    llm = LLM(model=target, max_num_seqs=16, block_size=8, enable_prefix_caching=True)
+    graphs = llm.engine.runner.graphs = llm.engine._decode_graphs()
+    forks = golden["fork_cases"]
+    for _ in range(2):  # the second time round, the prompts' full blocks come from the prefix cache
+        outs = llm.generate([c["prompt_token_ids"] for c in forks], [params_of(c) for c in forks])
+        for out, c in zip(outs, forks):
+            assert [o.token_ids for o in out.outputs] == [w["token_ids"] for w in c["completions"]], c["name"]
+    assert llm.engine.kv.copies > 0 and llm.engine.kv.block_manager.hit_tokens > 0
+    assert sum(g.replays for g in graphs.graphs.values()) == sum(graphs.steps.values()) > 0
