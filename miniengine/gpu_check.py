@@ -26,23 +26,29 @@ import torch
 from .paths import GOLDEN, REPO_ROOT
 
 
+def three_decodes(engine) -> list:
+    """Three short greedy requests, prefilled by one (eager) step: the sequences of the next decode step."""
+    from .sampling import SamplingParams
+
+    for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13, 14]):
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=4))
+    engine.step()
+    seqs = list(engine.scheduler.running)
+    for s in seqs:  # what the scheduler does before a decode step
+        engine.kv.append_slot(s)
+    return seqs
+
+
 def padding_on_cuda() -> str:
     """A padded graph step: the rows that repeat row 0 must compute row 0's values to the last bit, because they
     write row 0's K/V into row 0's slot (``index_copy_`` with a repeated index keeps one copy, any one)."""
     from .llm import LLM
-    from .sampling import SamplingParams
 
     engine = LLM(device="cuda", max_num_seqs=8).engine
     graphs = engine.runner.graphs
     if graphs is None:
         return "padding: FAILED, CUDA graphs were not captured"
-    for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13, 14]):
-        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=4))
-    engine.step()  # the three prefills, eager
-    seqs = list(engine.scheduler.running)
-    for s in seqs:  # what the scheduler does before a decode step
-        engine.kv.append_slot(s)
-    graphs.run(seqs)  # 3 sequences in bucket 4: row 3 repeats row 0
+    graphs.run(three_decodes(engine))  # 3 sequences in bucket 4: row 3 repeats row 0
     out = graphs.outputs[(4, graphs.key_buckets[0])]
     same = torch.equal(out[3], out[0])
     return (f"padding: the padded row's logits {'equal' if same else 'differ from'} row 0's bit for bit"

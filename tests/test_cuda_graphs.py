@@ -136,13 +136,10 @@ def test_the_static_step_s_logits_match_the_eager_step_s(target, golden, monkeyp
 
 
 def test_padding_repeats_row_0_so_its_writes_are_row_0_s(target):
+    from miniengine.gpu_check import three_decodes
+
     engine = graphed_engine(target, 8, (1, 4, 8))
-    for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13, 14]):
-        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=4))
-    engine.step()  # the three prefills, eager
-    seqs = list(engine.scheduler.running)
-    for s in seqs:  # what the scheduler does before a decode step
-        engine.kv.append_slot(s)
+    seqs = three_decodes(engine)
     graphs = engine.runner.graphs
     assert graphs.prepare(seqs) == (4, graphs.key_buckets[0])
     for name in ("input_ids", "positions", "context_lens", "block_tables"):
