@@ -58,11 +58,15 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+class _Slot(int):
+    """An argument made inside the capture: the index of the replayed op output that stands for it."""
+
+
 class ReplayGraph:
     """Records the ops of ``with emulated_graph(g): ...``; ``g.replay()`` re-runs them, no Python in between."""
 
     def __init__(self):
-        self.ops = []       # (func, args, kwargs, output slots): tensors in args are ("slot", i) or the tensor itself
+        self.ops = []       # (func, args, kwargs, output slots): tensors in args are a _Slot or the tensor itself
         self.refs = []      # slot -> weakref to the tensor the capture made
         self._slot = {}     # id(tensor) -> slot, checked against refs (ids are reused after a tensor dies)
         self.replays = 0
@@ -71,7 +75,7 @@ class ReplayGraph:
         if isinstance(x, torch.Tensor):
             slot = self._slot.get(id(x))
             if slot is not None and self.refs[slot]() is x:
-                return ("slot", slot)
+                return _Slot(slot)
         return x  # from outside the capture: the same object at every replay
 
     def _record(self, func, args, kwargs, out):
@@ -88,12 +92,11 @@ class ReplayGraph:
         values = [None] * len(self.refs)
 
         def decode(x):
-            return values[x[1]] if isinstance(x, tuple) and len(x) == 2 and x[0] == "slot" else x
+            return values[x] if isinstance(x, _Slot) else x
 
         with torch.inference_mode():
             for func, args, kwargs, slots in self.ops:
-                a, k = tree_map(decode, (args, kwargs), is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2
-                                and x[0] == "slot")
+                a, k = tree_map(decode, (args, kwargs))
                 outs = [t for t in tree_flatten(func(*a, **k))[0] if isinstance(t, torch.Tensor)]
                 for slot, t in zip(slots, outs):
                     values[slot] = t

@@ -157,7 +157,7 @@ class DecodeGraphs:
         self.block_tables[:bucket, :key_blocks].copy_(block_table_tensor(tables, key_blocks), non_blocking=True)
         self.steps[bucket] += 1
         self.key_steps[key_blocks] += 1
-        self.padded_rows += bucket - n
+        self.padded_rows += pad
         return bucket, key_blocks
 
     def forward(self, bucket: int, key_blocks: int) -> torch.Tensor:
