@@ -19,6 +19,7 @@ from miniengine.config import EngineConfig
 from miniengine.engine import LLMEngine
 from miniengine.engine.cuda_graphs import DecodeGraphs, bucket_for, default_buckets, default_key_buckets, supports
 from miniengine.kv import PagedKV
+from graph_replay import CaptureError, ReplayGraph, emulate_cuda_graphs, emulated_graph
 
 
 def params_of(case):
@@ -69,8 +70,6 @@ def test_a_step_reads_only_its_key_bucket_s_history(target, golden, monkeypatch,
     """Key buckets of 2, 4 and 8 blocks of 8 positions: short contexts use the short graphs, long ones the long.
     With ``replay``, each bucket's step is captured once and replayed (graph_replay, below)."""
     if replay:
-        from graph_replay import emulate_cuda_graphs
-
         emulate_cuda_graphs(monkeypatch)
     engine = graphed_engine(target, 4, (1, 2, 4), block_size=8)
     engine.runner.graphs = DecodeGraphs(engine.model, engine.kv, (1, 2, 4), capture=replay, key_buckets=(2, 4, 8))
@@ -123,8 +122,6 @@ def test_the_static_step_s_logits_match_the_eager_step_s(target, golden, monkeyp
     eager = LLMEngine(EngineConfig(model=target, max_num_seqs=12), keep_logits=True)
     static = graphed_engine(target, 12, default_buckets(12), keep_logits=True)
     if replay:
-        from graph_replay import emulate_cuda_graphs
-
         emulate_cuda_graphs(monkeypatch)
         static.runner.graphs = DecodeGraphs(static.model, static.kv, default_buckets(12), capture=True)
     for a, b in zip(serve(eager, cases), serve(static, cases)):
@@ -186,8 +183,6 @@ def test_only_the_exact_products_in_the_gpu_table_get_its_numbers():
 
 def test_the_replay_stand_in_catches_what_a_real_capture_would():
     """The tool first: a replay reads the static buffers afresh, freezes Python values, and refuses host reads."""
-    from graph_replay import CaptureError, ReplayGraph, emulated_graph
-
     x, scale = torch.arange(4.0), 3
     g = ReplayGraph()
     with emulated_graph(g):
@@ -205,8 +200,6 @@ def test_the_replay_stand_in_catches_what_a_real_capture_would():
 
 
 def captured_engine(model, max_num_seqs, buckets, monkeypatch, **config):
-    from graph_replay import emulate_cuda_graphs
-
     emulate_cuda_graphs(monkeypatch)
     engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, **config))
     engine.runner.graphs = DecodeGraphs(engine.model, engine.kv, buckets, capture=True, key_buckets=(2,))
@@ -232,8 +225,6 @@ def test_replayed_graphs_give_the_golden_tokens(target, golden, monkeypatch, max
 
 def test_capture_puts_back_the_slot_it_writes(target, monkeypatch):
     """Captures run on zeroed buffers, so they write K/V into block 0's slot 0: a live sequence's K/V stays."""
-    from graph_replay import emulate_cuda_graphs
-
     emulate_cuda_graphs(monkeypatch)
     engine = LLMEngine(EngineConfig(model=target, max_num_seqs=2))
     kv = engine.kv
@@ -245,8 +236,6 @@ def test_capture_puts_back_the_slot_it_writes(target, monkeypatch):
 
 
 def test_a_capture_that_fails_leaves_the_engine_eager_with_a_warning(target, golden, monkeypatch):
-    from graph_replay import emulate_cuda_graphs
-
     emulate_cuda_graphs(monkeypatch)
 
     class Refused:
@@ -270,7 +259,6 @@ def test_a_capture_that_fails_leaves_the_engine_eager_with_a_warning(target, gol
 def test_gpu_check_s_padding_check_runs_here_on_replayed_graphs(target, monkeypatch):
     """gpu_check.padding_on_cuda, with the CPU and the replay stand-in in place of CUDA: its bookkeeping holds."""
     import miniengine.llm
-    from graph_replay import emulate_cuda_graphs
     from miniengine import gpu_check
 
     emulate_cuda_graphs(monkeypatch)
@@ -288,8 +276,6 @@ def test_replayed_graphs_serve_forks_and_a_prefix_cache(target, golden, monkeypa
     """n=4 forks share their prompt's blocks, so their first decodes copy a shared block (copy-on-write, done by
     the scheduler's append_slot before the step); with a prefix cache, requests start on cached blocks.  Both
     reach the graphs as plain block tables."""
-    from graph_replay import emulate_cuda_graphs
-
     emulate_cuda_graphs(monkeypatch)
     llm = LLM(model=target, max_num_seqs=16, block_size=8, enable_prefix_caching=True)
     graphs = llm.engine.runner.graphs = llm.engine._decode_graphs()
