@@ -80,7 +80,7 @@ bench: setup
 # Golden cases on CUDA, bench batch on CUDA, every notebook with DEVICE="cuda"; one summary. Needs a GPU.
 # It uses .venv when there is one, else the machine's own python (a GPU box with its CUDA torch).
 gpu-check:
-	PYTHONPATH=$(CURDIR) $$( [ -x $(PY) ] && echo $(PY) || echo $(PYTHON) ) -m miniengine.gpu_check
+	PYTHONPATH=$(CURDIR) $$( [ -x $(PY) ] && echo $(PY) || echo $(PYTHON) ) -m miniengine.course.gpu_check
 
 clean:
 	rm -rf $(VENV) course student build

@@ -91,7 +91,7 @@ class EngineConfig:
             raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens!r} needs a speculative_model "
                              f"(a draft model), got none")
         if self.quantization is not None:
-            from .layers.quant import get_scheme
+            from miniengine.layers.quant import get_scheme
             get_scheme(self.quantization, self.quant_group_size)  # a bad name or group size fails here, named
         if self.sampler is not None and not callable(self.sampler):
             raise ValueError(f"sampler must be callable as sampler(logits, params, positions), got {type(self.sampler).__name__}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .attention import apply_rope, rope_cos_sin
+from miniengine.attention import apply_rope, rope_cos_sin
 
 
 @dataclasses.dataclass

@@ -12,9 +12,9 @@ import dataclasses
 
 import torch
 
-from .attention import NoCacheBackend
-from .request import validate_requests
-from .sampling import sample_token
+from miniengine.attention import NoCacheBackend
+from miniengine.request import validate_requests
+from miniengine.sampling import sample_token
 
 
 @dataclasses.dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 
-from .sampling import SamplingParams
+from miniengine.sampling import SamplingParams
 
 
 def validate_prompt(prompt_ids, params: SamplingParams, vocab_size: int, max_position_embeddings: int) -> list[int]:

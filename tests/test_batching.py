@@ -79,7 +79,7 @@ def test_the_invariant_checker_catches_a_request_kept_after_it_stopped(golden, m
 def test_bench_serve_runs_every_policy_on_the_same_tokens(capsys):
     from types import SimpleNamespace
 
-    from miniengine import bench
+    from miniengine.course import bench
     args = SimpleNamespace(model="target", requests=6, rate=500.0, mean_new_tokens=6, output_sigma=0.5, max_num_seqs=8,
                            static_batch=3, seed=1)
     assert bench.serve(args) == 0

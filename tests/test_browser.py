@@ -9,7 +9,7 @@ inside the test's temp folder.  Headless Chromium (Debian's `chromium` package; 
 2. sees each visible test cell's last printed line ("greedy: visible tests passed", ...) under it, no error;
 3. saves with Ctrl+S and finds the outputs in the notebook on disk;
 4. opens lecture 01, the notebook with the ipywidgets explorer (lab 01 itself has no widget: its one widget is
-   lecture 01's DecodingExplorer, from miniengine/widgets.py), runs it all (FAST = True), sees the explorer's
+   lecture 01's DecodingExplorer, from miniengine/course/widgets.py), runs it all (FAST = True), sees the explorer's
    slider and buttons render, clicks "next step" and sees the kernel answer through the widget.
 
 It skips only where no chromium executable is found; anything else fails, with a screenshot and the end of

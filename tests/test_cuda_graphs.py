@@ -133,7 +133,7 @@ def test_the_static_step_s_logits_match_the_eager_step_s(target, golden, monkeyp
 
 
 def test_padding_repeats_row_0_so_its_writes_are_row_0_s(target):
-    from miniengine.gpu_check import three_decodes
+    from miniengine.course.gpu_check import three_decodes
 
     engine = graphed_engine(target, 8, (1, 4, 8))
     seqs = three_decodes(engine)
@@ -170,7 +170,7 @@ def test_bench_gpu_says_it_needs_cuda_and_checks_its_flags(capsys):
 
 
 def test_only_the_exact_products_in_the_gpu_table_get_its_numbers():
-    from miniengine.roofline import GPUS, gpu_for_device
+    from miniengine.cost.roofline import GPUS, gpu_for_device
 
     assert gpu_for_device("NVIDIA H100 80GB HBM3") is GPUS["H100"]
     assert gpu_for_device("NVIDIA H200") is GPUS["H200"]
@@ -259,7 +259,7 @@ def test_a_capture_that_fails_leaves_the_engine_eager_with_a_warning(target, gol
 def test_gpu_check_s_padding_check_runs_here_on_replayed_graphs(target, monkeypatch):
     """gpu_check.padding_on_cuda, with the CPU and the replay stand-in in place of CUDA: its bookkeeping holds."""
     import miniengine.llm
-    from miniengine import gpu_check
+    from miniengine.course import gpu_check
 
     emulate_cuda_graphs(monkeypatch)
 

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation on the simulator (miniengine/disagg.py)."""
+"""Prefill/decode disaggregation on the simulator (miniengine/serving/disagg.py)."""
 from __future__ import annotations
 
 import re
@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from miniengine import disagg, metrics, sim
-from miniengine.roofline import GPUS, CostModel, llama3_8b
+from miniengine.serving import disagg, metrics, simulator as sim
+from miniengine.cost.roofline import GPUS, CostModel, llama3_8b
 
 COST = CostModel(llama3_8b(), GPUS["H100"])
 

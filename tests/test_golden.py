@@ -1,7 +1,7 @@
 """The golden files: screened, reproducible, and hidden prompts kept out of what students receive."""
 import subprocess
 
-from miniengine import golden as golden_mod
+from miniengine.course import golden as golden_mod
 from miniengine.paths import REPO_ROOT
 from miniengine.sampling import SamplingParams
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from miniengine import LLM, SamplingParams
-from miniengine import golden as golden_mod
+from miniengine.course import golden as golden_mod
 from miniengine.attention import NoCacheBackend
 from miniengine.gqa import convert, mean_pool_kv
 from miniengine.model import load_model

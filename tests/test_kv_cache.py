@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from miniengine.kv_cache import CachedBackend, KVCache, cached_generate
+from miniengine.course.cached_decode import cached_generate
+from miniengine.kv.contiguous import CachedBackend, KVCache
 from miniengine.reference import naive_generate
 from miniengine.sampling import SamplingParams
 

@@ -2,7 +2,7 @@
 
 Lab 03's "your engine" tests compare a simulated serving run on the student's cost model with figures pasted
 into the cells (the kernel never computes the expected side, which a student could patch).  Here the same
-runs are simulated on miniengine.roofline.CostModel, which tests/test_roofline.py pins to the worked examples.
+runs are simulated on miniengine.cost.roofline.CostModel, which tests/test_roofline.py pins to the worked examples.
 """
 import ast
 import dataclasses
@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from miniengine import metrics, sim
+from miniengine.serving import metrics, simulator as sim
 from miniengine.engine import FCFSPolicy, StaticBatching
 from miniengine.model import LlamaConfig
 from miniengine.paths import REPO_ROOT
-from miniengine.roofline import GPUS, CostModel
+from miniengine.cost.roofline import GPUS, CostModel
 
 LAB03 = REPO_ROOT / "labs" / "lab03_roofline" / "lab03_roofline.ipynb"
 LLAMA3_8B = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -74,7 +74,7 @@ def lab04_expectations() -> dict:
 @pytest.mark.parametrize("name", sorted(LAB04_RUNS))
 def test_lab04_simulator_expectations_match_the_course_policy(name):
     from miniengine.engine import ContinuousBatching
-    from miniengine.roofline import llama3_8b
+    from miniengine.cost.roofline import llama3_8b
 
     work, gpu, seats, tokens = LAB04_RUNS[name]
     run = sim.simulate(sim.chat_workload(*work), ContinuousBatching(), CostModel(llama3_8b(), GPUS[gpu]),
@@ -106,7 +106,7 @@ def lab07_converted() -> dict:
 # student's converted weights are the group means instead, and the course's engine makes the tokens from them.
 @pytest.mark.parametrize("grade_id", ["engine-visible"])
 def test_lab07_converted_tokens_are_the_references(grade_id, target):
-    from miniengine import golden
+    from miniengine.course import golden
     from miniengine.gqa import convert
     from miniengine.tokenizer import load_tokenizer
     from miniengine.paths import TARGET

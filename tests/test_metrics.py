@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from miniengine import metrics
-from miniengine.metrics import SLO, RequestTimeline
+from miniengine.serving import metrics
+from miniengine.serving.metrics import SLO, RequestTimeline
 
 
 def timeline(arrival, times, prompt=10, **kw):

@@ -13,7 +13,7 @@ import torch
 from miniengine import LLM, EngineConfig, SamplingParams
 from miniengine.engine import ContinuousBatching, LLMEngine, replay
 from miniengine.kv import BlockManager, PagedKV, gather_history
-from miniengine.kv.study import chat_requests, kv_study
+from miniengine.course.kv_study import chat_requests, kv_study
 from miniengine.sampling import child_seed
 from scheduler_checks import Invariants, VirtualClock, check_block_invariants, poisson_trace
 
@@ -331,7 +331,7 @@ def test_kv_study_takes_a_block_manager_class():
 def test_bench_kv_prints_its_last_lines(capsys):
     from types import SimpleNamespace
 
-    from miniengine import bench
+    from miniengine.course import bench
     assert bench.kv(SimpleNamespace(requests=40, kv_tokens=32768, block_size=16, max_tokens=2048, max_num_seqs=256,
                                     seed=0)) == 0
     out = capsys.readouterr().out.splitlines()

@@ -1,4 +1,4 @@
-"""miniengine.paged_viz: snapshots of the paged pool agree with the block manager, and the pictures draw."""
+"""miniengine.course.paged_viz: snapshots of the paged pool agree with the block manager, and the pictures draw."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from miniengine import paged_viz as pv  # noqa: E402
+from miniengine.course import paged_viz as pv  # noqa: E402
 from miniengine.config import EngineConfig  # noqa: E402
 from miniengine.engine import LLMEngine  # noqa: E402
 from miniengine.sampling import SamplingParams  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from miniengine import LLM, SamplingParams
-from miniengine import golden as golden_mod
+from miniengine.course import golden as golden_mod
 from miniengine.layers.quant import (Int4GroupWise, Int8PerChannel, QuantLinear, dequantized_copy, model_weight_bytes,
                                      pack_int4, quantize_model, unpack_int4)
 from miniengine.model import load_model

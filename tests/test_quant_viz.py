@@ -1,4 +1,4 @@
-"""miniengine.quant_viz: the formats are read correctly, fake_quant is the engine's schemes bit for bit, the
+"""miniengine.course.quant_viz: the formats are read correctly, fake_quant is the engine's schemes bit for bit, the
 quality numbers are train.evaluate's and modelcard.top1_agreement's, grouped attention is the engine's
 attention, AWQ never does worse on its calibration inputs, and the KV designs price as the cost model does."""
 import dataclasses
@@ -12,11 +12,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from miniengine import quant_viz as qv  # noqa: E402
+from miniengine.course import quant_viz as qv  # noqa: E402
 from miniengine.attention import attention  # noqa: E402
 from miniengine.layers.quant import Int4GroupWise, Int8PerChannel, dequantized_copy, state_bytes  # noqa: E402
 from miniengine.model import Llama, LlamaConfig  # noqa: E402
-from miniengine.roofline import GPUS, CostModel, llama3_8b  # noqa: E402
+from miniengine.cost.roofline import GPUS, CostModel, llama3_8b  # noqa: E402
 
 SMALL = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=4, max_position_embeddings=64)
@@ -122,8 +122,8 @@ def test_bytes_per_weight_counts_the_engines_scales():
 
 
 def test_val_loss_and_agreement_are_the_course_numbers(small, stream, monkeypatch):
-    from miniengine import modelcard
-    from miniengine.train import evaluate
+    from miniengine.course import modelcard
+    from miniengine.course.train import evaluate
 
     assert qv.val_loss(small, stream, 3, 32) == pytest.approx(evaluate(small, stream, 32, 3), abs=1e-12)
     other = dequantized_copy(small, "int4", 8)

@@ -18,9 +18,9 @@ import json
 
 import pytest
 
-from miniengine import roofline
+from miniengine.cost import roofline
 from miniengine.model import Llama, LlamaConfig
-from miniengine.roofline import GPU, GPUS, CostModel, llama3_8b, llama3_70b
+from miniengine.cost.roofline import GPU, GPUS, CostModel, llama3_8b, llama3_70b
 
 
 def approx(x, rel=0.01):

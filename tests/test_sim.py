@@ -14,11 +14,11 @@ import math
 import numpy as np
 import pytest
 
-from miniengine import metrics, sim
-from miniengine.metrics import SLO
-from miniengine.roofline import GPUS, CostModel, llama3_8b
+from miniengine.serving import metrics, simulator as sim
+from miniengine.serving.metrics import SLO
+from miniengine.cost.roofline import GPUS, CostModel, llama3_8b
 from miniengine.engine import FCFSPolicy
-from miniengine.sim import FCFS, SimRequest, StaticBatching
+from miniengine.serving.simulator import FCFS, SimRequest, StaticBatching
 
 H100_8B = CostModel(llama3_8b(), GPUS["H100"])
 CHAT_SLO = SLO(ttft_s=1.0, tpot_s=0.05)
@@ -278,7 +278,7 @@ def test_exercise5_stopping_the_padding_is_not_enough():
 
 def test_a_cost_model_built_from_three_functions_prices_the_same_timeline():
     """Lab 03's plug: forward_flops, forward_bytes and step_time make a cost model the simulator runs on."""
-    from miniengine import roofline
+    from miniengine.cost import roofline
 
     cfg, gpu = llama3_8b(), GPUS["H100"]
     plug = sim.CostModelFromFunctions(

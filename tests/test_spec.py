@@ -244,7 +244,7 @@ def test_coupled_acceptance_lies_between_the_gumbel_coupling_bounds(models, gold
 
 def test_the_distilled_draft_agrees_more_at_under_a_tenth_of_the_size():
     """Issue target: at least 65% top-1 agreement with the target, at no more than 10% of its parameters."""
-    from miniengine.modelcard import top1_agreement
+    from miniengine.course.modelcard import top1_agreement
     from miniengine.paths import MODELS
     from miniengine.tokenizer import load_tokenizer
     target, distilled = load_model(TARGET), load_model(MODELS / "draft-distilled")

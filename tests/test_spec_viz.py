@@ -1,4 +1,4 @@
-"""miniengine.spec_viz: the exact acceptance calculations agree with the engine's keyed draws, the enumerated
+"""miniengine.course.spec_viz: the exact acceptance calculations agree with the engine's keyed draws, the enumerated
 law of speculative sampling is the target's, and the pictures draw."""
 import matplotlib
 
@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from miniengine import spec_viz as sv  # noqa: E402
+from miniengine.course import spec_viz as sv  # noqa: E402
 from miniengine.attention import NoCacheBackend  # noqa: E402
 from miniengine.sampling import SamplingParams, sample_token  # noqa: E402
 

@@ -13,10 +13,10 @@ from miniengine.engine import LLMEngine
 from miniengine.model import Llama, load_model
 from miniengine.paths import GOLDEN, MODELS
 from miniengine.reference import naive_generate
-from miniengine.roofline import (GPUS, CostModel, Interconnect, llama3_70b, ring_allreduce_s,
+from miniengine.cost.roofline import (GPUS, CostModel, Interconnect, llama3_70b, ring_allreduce_s,
                                  tensor_parallel_decode)
 from miniengine.sampling import SamplingParams
-from miniengine.tensor_parallel import (ColumnParallelLinear, Plan, RowParallelLinear, ThreadRing, check_world_size,
+from miniengine.distributed.tensor_parallel import (ColumnParallelLinear, Plan, RowParallelLinear, ThreadRing, check_world_size,
                                         rank_kv_shape, ring_all_reduce, row_shard, shard_model, tp_generate)
 
 
@@ -278,5 +278,5 @@ def test_llm_serves_generate_on_two_ranks_and_refuses_what_it_cannot_do(target):
         LLM(tensor_parallel_size=0)
     with pytest.raises(ValueError, match=r"with tensor_parallel_size=2, LLM takes no engine arguments; got max_num_seqs"):
         LLM(tensor_parallel_size=2, max_num_seqs=4)
-    with pytest.raises(TypeError, match=r"tensor_parallel_plan must be a miniengine.tensor_parallel.Plan, got dict"):
+    with pytest.raises(TypeError, match=r"tensor_parallel_plan must be a miniengine.distributed.tensor_parallel.Plan, got dict"):
         LLM(tensor_parallel_size=2, tensor_parallel_plan={})

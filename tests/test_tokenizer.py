@@ -1,6 +1,6 @@
 import pytest
 
-from miniengine import corpus
+from miniengine.course import corpus
 from miniengine.tokenizer import EOS_TOKEN
 
 

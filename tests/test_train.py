@@ -4,7 +4,7 @@ import argparse
 import torch
 from safetensors.torch import load_file
 
-from miniengine import train
+from miniengine.course import train
 from miniengine.paths import TARGET
 
 
@@ -34,7 +34,7 @@ def test_distill_loss_is_zero_against_itself_and_positive_otherwise():
 
     from miniengine.model import load_model
     from miniengine.paths import DRAFT, TARGET
-    from miniengine.train import distill_loss
+    from miniengine.course.train import distill_loss
     target, draft = load_model(TARGET), load_model(DRAFT)
     x = torch.randint(1, 4096, (2, 16))
     assert abs(distill_loss(target, target, x).item()) < 1e-5

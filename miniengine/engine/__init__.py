@@ -6,10 +6,10 @@ sequence.py (a request's state), policy.py (who joins a step), scheduler.py
 (budgets and the one stop rule), model_runner.py (flatten, run, sample),
 llm_engine.py (the loop), replay.py (an arrival trace on the wall clock).
 """
-from .llm_engine import LLMEngine
-from .replay import TraceRequest, replay
-from .policy import Budget, ContinuousBatching, FCFSPolicy, StaticBatching
-from .scheduler import ScheduledBatch, Scheduler
-from .sequence import Sequence, SequenceStatus
+from miniengine.engine.llm_engine import LLMEngine
+from miniengine.engine.replay import TraceRequest, replay
+from miniengine.engine.policy import Budget, ContinuousBatching, FCFSPolicy, StaticBatching
+from miniengine.engine.scheduler import ScheduledBatch, Scheduler
+from miniengine.engine.sequence import Sequence, SequenceStatus
 
 __all__ = ["LLMEngine", "TraceRequest", "replay", "Budget", "ContinuousBatching", "FCFSPolicy", "StaticBatching", "ScheduledBatch", "Scheduler", "Sequence", "SequenceStatus"]

@@ -29,9 +29,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..attention import attention
-from ..kv.block_manager import blocks_needed
-from ..kv.paged import PagedKV, block_table_tensor, gather_history
+from miniengine.attention import attention
+from miniengine.kv.block_manager import blocks_needed
+from miniengine.kv.paged import PagedKV, block_table_tensor, gather_history
 
 
 def default_buckets(max_batch: int) -> tuple[int, ...]:

@@ -15,16 +15,16 @@ import time
 
 import torch
 
-from ..config import EngineConfig
-from ..kv import ContiguousKV, PagedKV
-from ..layers.sampler import Sampler
-from ..model import load_model
-from ..paths import resolve_model_dir
-from ..request import validate_prompt
-from ..sampling import SamplingParams
-from .model_runner import ModelRunner
-from .scheduler import Scheduler, chunk_to_fit
-from .sequence import Sequence
+from miniengine.config import EngineConfig
+from miniengine.kv import ContiguousKV, PagedKV
+from miniengine.layers.sampler import Sampler
+from miniengine.model import load_model
+from miniengine.paths import resolve_model_dir
+from miniengine.request import validate_prompt
+from miniengine.sampling import SamplingParams
+from miniengine.engine.model_runner import ModelRunner
+from miniengine.engine.scheduler import Scheduler, chunk_to_fit
+from miniengine.engine.sequence import Sequence
 
 
 class LLMEngine:
@@ -46,7 +46,7 @@ class LLMEngine:
         if config.quantization is not None:
             import copy
 
-            from ..layers.quant import quantize_model
+            from miniengine.layers.quant import quantize_model
             if model is config.model:
                 model = copy.deepcopy(model)  # the caller's model stays as it was
             model = quantize_model(model, config.quantization, config.quant_group_size)
@@ -67,7 +67,7 @@ class LLMEngine:
         """CUDA graphs for decode steps, one per bucket up to max_num_seqs; None (eager) where they cannot be had."""
         import warnings
 
-        from .cuda_graphs import DecodeGraphs, default_buckets, supports
+        from miniengine.engine.cuda_graphs import DecodeGraphs, default_buckets, supports
 
         if not supports(self.kv):
             return None  # a plugged-in KV layout or gather: its shapes are its own
@@ -79,7 +79,7 @@ class LLMEngine:
             return None
 
     def _speculative_decoder(self, config, dtype):
-        from ..spec.decoding import SpeculativeDecoder
+        from miniengine.spec.decoding import SpeculativeDecoder
 
         missing = [m for m in ("truncate",) + (("cover", "can_cover") if hasattr(self.kv, "can_append") else ())
                    if not hasattr(self.kv, m)]

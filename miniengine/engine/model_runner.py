@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .scheduler import ScheduledBatch
+from miniengine.engine.scheduler import ScheduledBatch
 
 
 class ModelRunner:

@@ -5,16 +5,16 @@
 Between steps, every request whose arrival time has passed is added; when nothing is running and the next
 arrival is still ahead, the clock is waited out.  Each result carries the request's ``RequestTimeline``
 (arrival, when its prefill started, when each token came out), so the serving metrics of
-:mod:`miniengine.metrics` apply to real runs exactly as to simulated ones.  Time is the engine's ``clock``
+:mod:`miniengine.serving.metrics` apply to real runs exactly as to simulated ones.  Time is the engine's ``clock``
 (and ``sleep``), which a test may replace by a virtual one.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from ..metrics import RequestTimeline
-from ..sampling import SamplingParams
-from .sequence import Sequence
+from miniengine.serving.metrics import RequestTimeline
+from miniengine.sampling import SamplingParams
+from miniengine.engine.sequence import Sequence
 
 
 @dataclasses.dataclass

@@ -30,9 +30,9 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
-from ..sampling import SamplingParams, child_params
-from .policy import Budget, ContinuousBatching
-from .sequence import Sequence, SequenceStatus
+from miniengine.sampling import SamplingParams, child_params
+from miniengine.engine.policy import Budget, ContinuousBatching
+from miniengine.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclasses.dataclass

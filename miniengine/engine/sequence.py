@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 import itertools
 
-from ..sampling import SamplingParams
+from miniengine.sampling import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

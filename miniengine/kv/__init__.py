@@ -20,10 +20,10 @@ class and backend class written in Lab 02 plug in through
 :class:`PerSequenceKV`; a block manager and a gather written in Lab 05 plug into
 :class:`PagedKV`.
 """
-from .block_manager import BlockManager
-from .contiguous import CachedBackend, ContiguousKV, KVArena, KVCache
-from .paged import PagedBackend, PagedKV, gather_history
-from .per_sequence import PerSequenceKV
+from miniengine.kv.block_manager import BlockManager
+from miniengine.kv.contiguous import CachedBackend, ContiguousKV, KVArena, KVCache
+from miniengine.kv.paged import PagedBackend, PagedKV, gather_history
+from miniengine.kv.per_sequence import PerSequenceKV
 
 __all__ = ["BlockManager", "CachedBackend", "ContiguousKV", "KVArena", "KVCache", "PagedBackend", "PagedKV",
            "PerSequenceKV", "gather_history"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .pool_backend import PoolBackend, gather_slots
+from miniengine.kv.pool_backend import PoolBackend, gather_slots
 
 
 class KVArena:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .block_manager import BlockManager, blocks_needed
-from .pool_backend import PoolBackend
+from miniengine.kv.block_manager import BlockManager, blocks_needed
+from miniengine.kv.pool_backend import PoolBackend
 
 
 def gather_history(cache: torch.Tensor, block_tables: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -100,7 +100,7 @@ class PagedKV:
     def __init__(self, model_config, num_blocks: int, block_size: int = 16, dtype=torch.float32, device="cpu",
                  block_manager=None, gather=None, enable_prefix_caching: bool = False):
         if block_manager is None:
-            from .prefix_cache import PrefixCachingBlockManager
+            from miniengine.kv.prefix_cache import PrefixCachingBlockManager
 
             block_manager = (PrefixCachingBlockManager if enable_prefix_caching else BlockManager)(num_blocks, block_size)
         self.block_manager = block_manager

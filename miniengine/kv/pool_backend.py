@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import RaggedBatch, attention
+from miniengine.attention import RaggedBatch, attention
 
 
 class AttentionGroup:

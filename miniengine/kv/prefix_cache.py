@@ -29,7 +29,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .block_manager import BlockManager, blocks_needed
+from miniengine.kv.block_manager import BlockManager, blocks_needed
 
 NO_PARENT = b""  # the key "before" block 0
 

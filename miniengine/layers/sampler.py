@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import sample_token
+from miniengine.sampling import sample_token
 
 
 class Sampler:

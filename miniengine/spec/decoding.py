@@ -23,9 +23,9 @@ import time
 
 import torch
 
-from ..engine.scheduler import ScheduledBatch
-from .proposer import DraftProposer
-from .verify import coupled_verify, rejection_verify
+from miniengine.engine.scheduler import ScheduledBatch
+from miniengine.spec.proposer import DraftProposer
+from miniengine.spec.verify import coupled_verify, rejection_verify
 
 def check_emitted(emitted, drafts) -> None:
     """A verifier is a plug point: say exactly which rule its answer breaks."""

@@ -9,10 +9,10 @@ target's layout: its sequences grow and shrink by a few tokens every step.
 """
 from __future__ import annotations
 
-from ..engine.model_runner import ModelRunner
-from ..engine.scheduler import ScheduledBatch
-from ..kv.paged import PagedKV
-from .verify import draft_token
+from miniengine.engine.model_runner import ModelRunner
+from miniengine.engine.scheduler import ScheduledBatch
+from miniengine.kv.paged import PagedKV
+from miniengine.spec.verify import draft_token
 
 
 class DraftView:

@@ -27,7 +27,7 @@ def paper_gpu_speedup(alpha: float, gamma: int, target_cfg, draft_cfg, gpu, cont
     """The cost model's speedup at batch 1: both models' steps priced on the paper GPU (the verify pass needs
     logits at all γ + 1 positions).  Memory capacity is not checked: Llama-3-70B's 141 GB of bf16 weights need
     several GPUs, which shrink both sides' step times alike."""
-    from ..roofline import CostModel
+    from miniengine.cost.roofline import CostModel
 
     target, draft = CostModel(target_cfg, gpu), CostModel(draft_cfg, gpu)
     return speedup(alpha, gamma, target.forward([1], [context]).step_time_s,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import (STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, SamplingParams, gumbel_noise, keyed_uniform,
+from miniengine.sampling import (STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, SamplingParams, gumbel_noise, keyed_uniform,
                         processed_logits, sample_token)
 
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-from ..engine.policy import ContinuousBatching
-from ..engine.scheduler import Scheduler
-from ..engine.sequence import Sequence
-from ..sampling import SamplingParams
-from .contiguous import ContiguousKV
-from .paged import PagedKV
+from miniengine.engine.policy import ContinuousBatching
+from miniengine.engine.scheduler import Scheduler
+from miniengine.engine.sequence import Sequence
+from miniengine.sampling import SamplingParams
+from miniengine.kv.contiguous import ContiguousKV
+from miniengine.kv.paged import PagedKV
 
 _EOS, _OTHER = 0, 1
 _ONE_NUMBER = SimpleNamespace(num_hidden_layers=1, num_key_value_heads=1, head_dim=1)  # a position is one float
@@ -35,7 +35,7 @@ _ONE_NUMBER = SimpleNamespace(num_hidden_layers=1, num_key_value_heads=1, head_d
 
 def chat_requests(n: int, seed: int = 0, prompt_mean: float = 512, output_mean: float = 256, sigma: float = 1.0):
     """The simulator's chat workload (lognormal prompt and output lengths), arrival times ignored."""
-    from ..sim import chat_workload
+    from miniengine.serving.simulator import chat_workload
 
     return chat_workload(n, 1.0, seed, prompt_mean, output_mean, sigma)
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import corpus
-from .attention import NoCacheBackend
-from .model import load_model
-from .reference import naive_generate
-from .sampling import SamplingParams
-from .tokenizer import load_tokenizer
-from .train import encode_corpus
+from miniengine.course import corpus
+from miniengine.attention import NoCacheBackend
+from miniengine.model import load_model
+from miniengine.reference import naive_generate
+from miniengine.sampling import SamplingParams
+from miniengine.tokenizer import load_tokenizer
+from miniengine.course.train import encode_corpus
 
 SAMPLE_PROMPTS = [
     "def fibonacci(n):",
@@ -138,7 +138,7 @@ def write_card(model_dir: Path, target_dir: Path | None = None) -> str:
         f"# Model card: `{model_dir.name}`",
         "",
         "A tiny Llama trained by this project on the Python standard library's own source "
-        "(`python -m miniengine train`; see `miniengine/train.py`)"
+        "(`python -m miniengine train`; see `miniengine/course/train.py`)"
         + (f", distilled from `{teacher}`: its loss is the KL divergence from the teacher's next-token distribution "
            f"at every position (`--distill-from`), not the corpus's next token" if teacher else "")
         + ". Weights are fp32 safetensors in the Hugging Face Llama layout; `transformers` loads them as "

@@ -33,7 +33,7 @@ Exactness.  An all-reduce adds the ranks' partial sums of the row-parallel matmu
 summation order than one matmul over the whole row, so float32 logits differ from the unsharded run
 in the last bits: at most 7.6e-6 on the visible golden cases (float64: 3e-14), which
 ``python -m miniengine bench tp`` measures.  The golden prompts are screened so that no decision is
-within GAP = 1e-3 of a tie (miniengine/golden.py), over a hundred times that difference (sampled steps
+within GAP = 1e-3 of a tie (miniengine/course/golden.py), over a hundred times that difference (sampled steps
 divide the logits by the temperature first, which scales it by at most 1/0.7 here), so the tokens stay
 exact.
 
@@ -453,11 +453,11 @@ def launch(worker, world_size: int, args=(), timeout_s: float = 120.0, threads: 
 
 
 def _generate_rank(rank, world_size, model, prompts, params, dtype, return_logits, decoder, plan_blob=None):
-    from .config import DTYPES, EngineConfig
-    from .engine import LLMEngine
-    from .kv import PagedKV
-    from .model import load_model
-    from .reference import naive_generate
+    from miniengine.config import DTYPES, EngineConfig
+    from miniengine.engine import LLMEngine
+    from miniengine.kv import PagedKV
+    from miniengine.model import load_model
+    from miniengine.reference import naive_generate
 
     if not isinstance(model, nn.Module):
         model = load_model(model)  # each rank reads the checkpoint itself, then keeps its slice
@@ -495,11 +495,11 @@ def tp_generate(model, prompts, params, world_size: int = 2, dtype=torch.float32
     functions and another all-reduce; they travel to the ranks by value (cloudpickle), so functions defined
     in a notebook work.
     """
-    from .config import DTYPES
-    from .model import load_config
-    from .paths import resolve_model_dir
-    from .reference import Completion
-    from .request import validate_requests
+    from miniengine.config import DTYPES
+    from miniengine.model import load_config
+    from miniengine.paths import resolve_model_dir
+    from miniengine.reference import Completion
+    from miniengine.request import validate_requests
 
     if not isinstance(model, nn.Module):
         model = str(resolve_model_dir(model))

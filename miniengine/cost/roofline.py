@@ -42,7 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .model import LlamaConfig
+from miniengine.model import LlamaConfig
 
 # ---------------------------------------------------------------- hardware
 
@@ -111,8 +111,8 @@ def llama3_70b() -> LlamaConfig:
 
 def _course_model(which: str) -> LlamaConfig:
     # Looked up only when asked for: the course's models are trained after this module is written.
-    from . import paths
-    from .model import load_config
+    from miniengine import paths
+    from miniengine.model import load_config
 
     directory = {"target": paths.TARGET, "draft": paths.DRAFT}[which]
     if not (directory / "config.json").exists():

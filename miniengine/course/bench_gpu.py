@@ -20,7 +20,7 @@ import time
 import torch
 
 def lecture03_config():
-    from .model import LlamaConfig
+    from miniengine.model import LlamaConfig
 
     return LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
                        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096,
@@ -42,11 +42,11 @@ def _median_ms(fn, repeats: int) -> float:
 @torch.inference_mode()
 def decode_step_ms(model, batch: int, context: int, repeats: int) -> tuple[float, float]:
     """(eager ms, graph ms) of one decode step of ``batch`` sequences with ``context`` cached tokens each."""
-    from .engine.cuda_graphs import DecodeGraphs
-    from .engine.sequence import Sequence
-    from .kv import PagedKV
-    from .kv.block_manager import blocks_needed
-    from .sampling import SamplingParams
+    from miniengine.engine.cuda_graphs import DecodeGraphs
+    from miniengine.engine.sequence import Sequence
+    from miniengine.kv import PagedKV
+    from miniengine.kv.block_manager import blocks_needed
+    from miniengine.sampling import SamplingParams
 
     cfg, dev, bs = model.config, model.device, 16
     blocks = blocks_needed(context + 1, bs)
@@ -68,8 +68,8 @@ def decode_step_ms(model, batch: int, context: int, repeats: int) -> tuple[float
 
 
 def tokens_per_s(enforce_eager: bool, new_tokens: int) -> float:
-    from .llm import LLM
-    from .sampling import SamplingParams
+    from miniengine.llm import LLM
+    from miniengine.sampling import SamplingParams
 
     llm = LLM(device="cuda", max_num_seqs=1, enforce_eager=enforce_eager)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -90,8 +90,8 @@ def run(args) -> int:
         print("bench gpu measures CUDA graphs against eager decode on a GPU, and no CUDA device is visible here "
               "(torch.cuda.is_available() is False). Run it on a GPU machine; `make gpu-check` runs it too.")
         return 1
-    from .model import Llama
-    from .roofline import CostModel, gpu_for_device
+    from miniengine.model import Llama
+    from miniengine.cost.roofline import CostModel, gpu_for_device
 
     name = torch.cuda.get_device_name()
     spec = gpu_for_device(name)

@@ -12,8 +12,8 @@ import html
 import numpy as np
 import torch
 
-from .attention import NoCacheBackend
-from .sampling import SamplingParams, sample_token, softmax
+from miniengine.attention import NoCacheBackend
+from miniengine.sampling import SamplingParams, sample_token, softmax
 
 
 class DecodingExplorer:

@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation on the cost model's clock: the same GPUs, colocated or split into two pools.
 
 * **Colocated**: every GPU serves its share of the requests (round robin) with the engine's continuous
-  batching, prefills and decodes in the same steps (:func:`miniengine.sim.simulate`).  A long prefill
+  batching, prefills and decodes in the same steps (:func:`miniengine.serving.simulator.simulate`).  A long prefill
   stalls every decode in its step.
 * **Disaggregated**, as in DistServe (Zhong et al., OSDI 2024, https://arxiv.org/abs/2401.09670) and
   Splitwise (Patel et al., ISCA 2024, https://arxiv.org/abs/2311.18677): ``prefill_gpus`` GPUs only
@@ -26,10 +26,10 @@ import heapq
 
 import numpy as np
 
-from . import metrics
-from .engine.policy import ContinuousBatching
-from .metrics import SLO, RequestTimeline
-from .sim import NO_LIMIT, SimRequest, chat_workload, simulate
+from miniengine.serving import metrics
+from miniengine.engine.policy import ContinuousBatching
+from miniengine.serving.metrics import SLO, RequestTimeline
+from miniengine.serving.simulator import NO_LIMIT, SimRequest, chat_workload, simulate
 
 
 @dataclasses.dataclass
@@ -217,7 +217,7 @@ def add_arguments(p) -> None:
 
 def _cost_model(args):
     """The paper GPU for the flags, after checking every flag (a ValueError names the flag and its range)."""
-    from .roofline import CostModel, get_gpu, get_model_config
+    from miniengine.cost.roofline import CostModel, get_gpu, get_model_config
 
     if args.gpus < 2:
         raise ValueError(f"--gpus must be an integer >= 2 (one GPU for each pool), got {args.gpus}")

@@ -1,7 +1,7 @@
 """Pictures of KV memory for lecture 05: the contiguous arena, the paged pool with its block tables, and an
 explorer that steps through a recorded run.
 
-The computation is kept apart from the drawing, as in :mod:`miniengine.widgets`: :func:`snapshot` reads the
+The computation is kept apart from the drawing, as in :mod:`miniengine.course.widgets`: :func:`snapshot` reads the
 state of a paged engine (who holds which block, how full each block is, the reference counts) into a plain,
 immutable :class:`PoolSnapshot`; :func:`record` steps an engine through a small trace and keeps one snapshot
 per step.  The drawing functions take snapshots, so a notebook run by papermill, where nobody moves a slider,

@@ -11,11 +11,11 @@ import dataclasses
 
 import torch
 
-from .config import EngineConfig
-from .engine import LLMEngine
-from .kv.contiguous import CachedBackend, KVCache  # noqa: F401  (re-exported: the lectures' names)
-from .reference import Completion, in_dtype
-from .request import validate_requests
+from miniengine.config import EngineConfig
+from miniengine.engine import LLMEngine
+from miniengine.kv.contiguous import CachedBackend, KVCache  # noqa: F401  (re-exported: the lectures' names)
+from miniengine.reference import Completion, in_dtype
+from miniengine.request import validate_requests
 
 DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import corpus
-from .attention import NoCacheBackend
-from .model import Llama, LlamaConfig, save_model
-from .tokenizer import eos_id, load_tokenizer, save_tokenizer, train_tokenizer
+from miniengine.course import corpus
+from miniengine.attention import NoCacheBackend
+from miniengine.model import Llama, LlamaConfig, save_model
+from miniengine.tokenizer import eos_id, load_tokenizer, save_tokenizer, train_tokenizer
 
 
 def encode_corpus(tok, paths) -> np.ndarray:
@@ -130,7 +130,7 @@ def train(args) -> Path:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     teacher = None
     if args.distill_from:
-        from .model import load_model
+        from miniengine.model import load_model
         teacher = load_model(args.distill_from)
         if teacher.config.vocab_size != cfg.vocab_size:
             raise ValueError(f"--distill-from: the teacher's vocabulary ({teacher.config.vocab_size}) must be the "

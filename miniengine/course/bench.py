@@ -19,13 +19,13 @@ import time
 
 import torch
 
-from . import corpus
-from .kv_cache import cached_generate
-from .model import load_model
-from .paths import resolve_model_dir
-from .reference import in_dtype, naive_generate
-from .sampling import SamplingParams
-from .tokenizer import load_tokenizer
+from miniengine.course import corpus
+from miniengine.course.cached_decode import cached_generate
+from miniengine.model import load_model
+from miniengine.paths import resolve_model_dir
+from miniengine.reference import in_dtype, naive_generate
+from miniengine.sampling import SamplingParams
+from miniengine.tokenizer import load_tokenizer
 
 
 def bench_prompt(tok, n_tokens: int) -> list[int]:
@@ -80,7 +80,7 @@ def batch(args) -> int:
     """Tokens/s of this engine and of HF generate on the same weights, batch by batch, runs interleaved."""
     from transformers import LlamaForCausalLM
 
-    from .llm import LLM
+    from miniengine.llm import LLM
 
     model_dir = resolve_model_dir(args.model)
     tok = load_tokenizer(model_dir)
@@ -138,8 +138,8 @@ def batch(args) -> int:
 
 def decode_step_tok_s(model, batch: int, prompt: list[int], steps: int = 20) -> float:
     """Tokens/s of one engine decode step with ``batch`` running sequences (median over ``steps`` steps)."""
-    from .config import EngineConfig
-    from .engine import LLMEngine
+    from miniengine.config import EngineConfig
+    from miniengine.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model=model, max_num_seqs=batch, kv_cache_tokens=batch * (len(prompt) + steps + 2)))
     for _ in range(batch):
@@ -167,10 +167,10 @@ def serve(args) -> int:
         return serve_shared_prefix(args)
     import numpy as np
 
-    from . import metrics
-    from .config import EngineConfig
-    from .engine import ContinuousBatching, FCFSPolicy, LLMEngine, StaticBatching, TraceRequest, replay
-    from .sim import lognormal_lengths
+    from miniengine.serving import metrics
+    from miniengine.config import EngineConfig
+    from miniengine.engine import ContinuousBatching, FCFSPolicy, LLMEngine, StaticBatching, TraceRequest, replay
+    from miniengine.serving.simulator import lognormal_lengths
 
     model_dir = resolve_model_dir(args.model)
     tok = load_tokenizer(model_dir)
@@ -223,10 +223,10 @@ def serve_shared_prefix(args) -> int:
     """Requests that share a long system prompt, replayed with and without automatic prefix caching."""
     import numpy as np
 
-    from . import metrics
-    from .config import EngineConfig
-    from .engine import LLMEngine, TraceRequest, replay
-    from .sim import lognormal_lengths
+    from miniengine.serving import metrics
+    from miniengine.config import EngineConfig
+    from miniengine.engine import LLMEngine, TraceRequest, replay
+    from miniengine.serving.simulator import lognormal_lengths
 
     model_dir = resolve_model_dir(args.model)
     tok = load_tokenizer(model_dir)
@@ -270,11 +270,11 @@ def chunked(args) -> int:
     """Decode ITL P99 when long prompts arrive: chunked prefill against prefill-first, simulated and measured."""
     import numpy as np
 
-    from . import metrics, sim
-    from .config import EngineConfig
-    from .engine import ContinuousBatching, LLMEngine, TraceRequest, replay
-    from .engine.scheduler import chunk_to_fit
-    from .roofline import GPUS, CostModel, llama3_8b
+    from miniengine.serving import metrics, simulator as sim
+    from miniengine.config import EngineConfig
+    from miniengine.engine import ContinuousBatching, LLMEngine, TraceRequest, replay
+    from miniengine.engine.scheduler import chunk_to_fit
+    from miniengine.cost.roofline import GPUS, CostModel, llama3_8b
 
     def decode_itl_p99(timelines, n_decodes):
         gaps = np.concatenate([metrics.itl(t) for t in timelines[:n_decodes]])
@@ -339,7 +339,7 @@ def chunked(args) -> int:
 
 def kv(args) -> int:
     """KV utilisation and concurrency, contiguous reservation against paged blocks, at equal memory."""
-    from .kv.study import chat_requests, kv_study
+    from miniengine.course.kv_study import chat_requests, kv_study
 
     reqs = chat_requests(args.requests, args.seed)
     rows = [kv_study(reqs, args.kv_tokens, layout, args.block_size, args.max_tokens, args.max_num_seqs)
@@ -364,10 +364,10 @@ DRAFTS = {"shipped": "draft", "distilled": "draft-distilled"}
 
 def spec(args) -> int:
     """Speculative decoding at batch 1: alpha, tokens per target call against theory, wall-clock speedup."""
-    from . import paths
-    from .llm import LLM
-    from .roofline import GPUS, llama3_8b, llama3_70b
-    from .spec.theory import expected_tokens_per_call, paper_gpu_speedup
+    from miniengine import paths
+    from miniengine.llm import LLM
+    from miniengine.cost.roofline import GPUS, llama3_8b, llama3_70b
+    from miniengine.spec.theory import expected_tokens_per_call, paper_gpu_speedup
 
     model_dir = resolve_model_dir("target")
     prompts = batch_prompts(load_tokenizer(model_dir), args.prompts, args.prompt_tokens)
@@ -432,11 +432,11 @@ def quant(args) -> int:
     """Weight-only quantization: bytes, quality (perplexity, agreement, parse rate), paper-GPU and CPU speed."""
     import math
 
-    from .layers.quant import model_weight_bytes, quantize_model
-    from .llm import LLM
-    from .modelcard import parse_rate, top1_agreement
-    from .roofline import GPUS, CostModel, llama3_8b
-    from .train import encode_corpus, evaluate
+    from miniengine.layers.quant import model_weight_bytes, quantize_model
+    from miniengine.llm import LLM
+    from miniengine.course.modelcard import parse_rate, top1_agreement
+    from miniengine.cost.roofline import GPUS, CostModel, llama3_8b
+    from miniengine.course.train import encode_corpus, evaluate
 
     model_dir = resolve_model_dir(args.model)
     tok = load_tokenizer(model_dir)
@@ -489,10 +489,10 @@ def quant(args) -> int:
 def _tp_step_rank(rank, world_size, model_dir, prompt, batches, steps, repeats):
     """One rank of ``bench tp``: per batch size, decode steps of the unsharded model (rank 0 alone) and of
     the shards (every rank), interleaved ``repeats`` times so that both see the same machine load."""
-    from .config import EngineConfig
-    from .engine import LLMEngine
-    from .kv import PagedKV
-    from .tensor_parallel import GlooComm, comm_stats, rank_kv_shape, reset_comm_stats, ring_all_reduce, shard_model
+    from miniengine.config import EngineConfig
+    from miniengine.engine import LLMEngine
+    from miniengine.kv import PagedKV
+    from miniengine.distributed.tensor_parallel import GlooComm, comm_stats, rank_kv_shape, reset_comm_stats, ring_all_reduce, shard_model
 
     full = load_model(model_dir)
     models = {world_size: shard_model(full, rank, world_size)}
@@ -546,12 +546,12 @@ def tp(args) -> int:
     """Tensor parallelism: step and all-reduce time on 1 and 2 CPU ranks, exactness, the 70B-on-8-GPUs forecast."""
     import json
 
-    from .config import EngineConfig
-    from .engine import LLMEngine
-    from .golden import GAP, VISIBLE_FILE
-    from .reference import naive_generate
-    from .roofline import GPUS, INTERCONNECTS, CostModel, Interconnect, llama3_70b, tensor_parallel_decode
-    from .tensor_parallel import check_world_size, launch, tp_generate
+    from miniengine.config import EngineConfig
+    from miniengine.engine import LLMEngine
+    from miniengine.course.golden import GAP, VISIBLE_FILE
+    from miniengine.reference import naive_generate
+    from miniengine.cost.roofline import GPUS, INTERCONNECTS, CostModel, Interconnect, llama3_70b, tensor_parallel_decode
+    from miniengine.distributed.tensor_parallel import check_world_size, launch, tp_generate
 
     for flag in ("steps", "repeats", "prompt_tokens", "large_batch"):
         if getattr(args, flag) < 1:
@@ -582,7 +582,7 @@ def tp(args) -> int:
     for b, t in timings.items():
         print(f"one all-reduce of [{b}, hidden] float32 on 2 ranks: gloo's all_reduce {1e6 * t['one']:.0f} us, the "
               f"course's ring_all_reduce over isend/recv (Lab 09) {1e6 * t['ring']:.0f} us ({t['ring'] / t['one']:.2f}x)")
-    from .model import load_config
+    from miniengine.model import load_config
 
     t, layers = timings[args.batches[0]], load_config(model_dir).num_hidden_layers
     print(f"per layer at batch {args.batches[0]}: {1e3 * t['step'][1] / layers:.2f} ms of work on 1 rank, against "
@@ -714,6 +714,6 @@ def add_arguments(p) -> None:
     t.add_argument("--large-batch", type=int, default=64, help="the forecast's larger batch")
     t.add_argument("--latency-us", type=float, default=None, help="per all-reduce latency (default: the link's)")
     t.set_defaults(func=tp)
-    from .bench_gpu import add_arguments as gpu_arguments
+    from miniengine.course.bench_gpu import add_arguments as gpu_arguments
 
     gpu_arguments(sub.add_parser("gpu", help="on a CUDA GPU: eager against CUDA-graph decode steps, and the cost model"))

@@ -1,6 +1,6 @@
 """Calculations and pictures for lecture 07 (GQA, smaller KV caches and weight-only quantization).
 
-The engine's own pieces (:mod:`miniengine.layers.quant`, :mod:`miniengine.gqa`, :mod:`miniengine.roofline`)
+The engine's own pieces (:mod:`miniengine.layers.quant`, :mod:`miniengine.gqa`, :mod:`miniengine.cost.roofline`)
 do the work; this module adds what a lecture needs to look at them from the side:
 
 * **Number formats**: :func:`float_format` and :func:`int_format` (bits, range, step, read from
@@ -19,7 +19,7 @@ do the work; this module adds what a lecture needs to look at them from the side
   what an AWQ-quantized one computes with). A demonstration only: the engine does not use it.
 * **KV designs on the paper GPU**: :class:`KVDesign` describes GQA/MQA, MLA, cross-layer sharing and
   local attention; :func:`kv_bytes_per_token` counts their cache, :func:`priced` puts any cache size into
-  the course's :class:`~miniengine.roofline.CostModel`, and :func:`design_point` prices a choice of KV
+  the course's :class:`~miniengine.cost.roofline.CostModel`, and :func:`design_point` prices a choice of KV
   heads, weight format and KV format. :func:`explorer` wires that to ipywidgets (``interactive_output``,
   no ``Output``/``clear_output``); ipywidgets is imported only when the explorer is built.
 """
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .attention import NoCacheBackend
-from .roofline import GPUS, CostModel, llama3_8b, weight_bytes
+from miniengine.attention import NoCacheBackend
+from miniengine.cost.roofline import GPUS, CostModel, llama3_8b, weight_bytes
 
 # ---------------------------------------------------------------- number formats
 

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import load_model
-from .paths import GOLDEN, MODELS, REPO_ROOT, TARGET
-from .reference import naive_generate
-from .sampling import SamplingParams, child_params, gumbel_noise, softmax, top_k_mask
-from .tokenizer import load_tokenizer
+from miniengine.model import load_model
+from miniengine.paths import GOLDEN, MODELS, REPO_ROOT, TARGET
+from miniengine.reference import naive_generate
+from miniengine.sampling import SamplingParams, child_params, gumbel_noise, softmax, top_k_mask
+from miniengine.tokenizer import load_tokenizer
 
 GAP = 1e-3
 CUTOFF = 1e-4
@@ -238,7 +238,7 @@ def build(model_dir: Path = TARGET) -> dict[Path, dict]:
     eos = model.config.eos_token_id
     files = {VISIBLE_FILE: {**header, "cases": build_cases(model, tok, VISIBLE_PROMPTS, eos),
                             "fork_cases": build_fork_cases(model, tok, VISIBLE_PROMPTS[:FORK_PROMPTS], eos)}}
-    from .layers.quant import dequantized_copy
+    from miniengine.layers.quant import dequantized_copy
     hidden = json.loads(HIDDEN_PROMPTS_FILE.read_text())["prompts"] if HIDDEN_PROMPTS_FILE.exists() else None
     for scheme in QUANT_SCHEMES:
         deq = dequantized_copy(model, scheme)
@@ -260,7 +260,7 @@ def build(model_dir: Path = TARGET) -> dict[Path, dict]:
     # Lab 07's engine tests serve the student's own mean-pooled conversion (not the uptrained model): its reference
     # tokens on the visible prompts, and on the hidden ones (kept out of the student's kernel with the other
     # hidden outputs).
-    from .gqa import convert
+    from miniengine.gqa import convert
 
     pooled = convert(model, 2)
     head = {**header, "model": "gqa.convert(target, 2) (mean-pooled, not uptrained)",

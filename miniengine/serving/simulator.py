@@ -34,11 +34,11 @@ from typing import Callable, Sequence as Seq
 
 import numpy as np
 
-from .engine.policy import ContinuousBatching, FCFSPolicy, StaticBatching
-from .engine.scheduler import ScheduledBatch, Scheduler
-from .engine.sequence import Sequence
-from .metrics import SLO, RequestTimeline, duration, summarize
-from .sampling import SamplingParams
+from miniengine.engine.policy import ContinuousBatching, FCFSPolicy, StaticBatching
+from miniengine.engine.scheduler import ScheduledBatch, Scheduler
+from miniengine.engine.sequence import Sequence
+from miniengine.serving.metrics import SLO, RequestTimeline, duration, summarize
+from miniengine.sampling import SamplingParams
 
 EOS, OTHER = 0, 1  # the simulated model's tokens: end-of-text, and anything else
 NO_LIMIT = 1 << 40  # a real server caps max_tokens; the simulated requests stop by end-of-text alone
@@ -330,7 +330,7 @@ def compare_table(results: dict) -> str:
 
 def run_compare(args) -> int:
     """``python -m miniengine simulate``: the three policies on the paper GPU, averaged over seeds."""
-    from .roofline import GPUS, CostModel, llama3_8b
+    from miniengine.cost.roofline import GPUS, CostModel, llama3_8b
 
     model = CostModel(llama3_8b(), GPUS[args.gpu])
     slo = SLO(ttft_s=args.ttft, tpot_s=args.tpot)

@@ -24,9 +24,9 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from .attention import NoCacheBackend
-from .sampling import SamplingParams
-from .spec.verify import probs, residual
+from miniengine.attention import NoCacheBackend
+from miniengine.sampling import SamplingParams
+from miniengine.spec.verify import probs, residual
 
 
 # ---------------------------------------------------------------- logits of every position

@@ -1,6 +1,6 @@
 """``make gpu-check``: everything that needs a CUDA GPU, in one run, with one summary at the end.
 
-    python -m miniengine.gpu_check [--skip-notebooks] [--skip-bench]
+    python -m miniengine.course.gpu_check [--skip-notebooks] [--skip-bench]
 
 1. Golden cases on CUDA: every visible and hidden case through ``LLM(device="cuda")`` in float32
    with TF32 off, at batch limits 1 and 64, in the contiguous layout, under memory pressure, with
@@ -23,12 +23,12 @@ import time
 
 import torch
 
-from .paths import GOLDEN, REPO_ROOT
+from miniengine.paths import GOLDEN, REPO_ROOT
 
 
 def three_decodes(engine) -> list:
     """Three short greedy requests, prefilled by one (eager) step: the sequences of the next decode step."""
-    from .sampling import SamplingParams
+    from miniengine.sampling import SamplingParams
 
     for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13, 14]):
         engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=4))
@@ -42,7 +42,7 @@ def three_decodes(engine) -> list:
 def padding_on_cuda() -> str:
     """A padded graph step: the rows that repeat row 0 must compute row 0's values to the last bit, because they
     write row 0's K/V into row 0's slot (``index_copy_`` with a repeated index keeps one copy, any one)."""
-    from .llm import LLM
+    from miniengine.llm import LLM
 
     engine = LLM(device="cuda", max_num_seqs=8).engine
     graphs = engine.runner.graphs
@@ -56,11 +56,11 @@ def padding_on_cuda() -> str:
 
 
 def golden_on_cuda() -> list[str]:
-    from .llm import LLM
-    from .model import load_model
-    from .paths import TARGET
-    from .reference import naive_generate
-    from .sampling import SamplingParams
+    from miniengine.llm import LLM
+    from miniengine.model import load_model
+    from miniengine.paths import TARGET
+    from miniengine.reference import naive_generate
+    from miniengine.sampling import SamplingParams
 
     cases = json.loads((GOLDEN / "visible.json").read_text())["cases"]
     hidden = REPO_ROOT / "autograder" / "hidden" / "golden.json"
@@ -82,8 +82,8 @@ def golden_on_cuda() -> list[str]:
             lines.append("FAILED: CUDA graphs were not captured (see the warning above)")
     lines.append(padding_on_cuda())
     # The later milestones on CUDA: each layout, speculation, forks, quantized and GQA models on their own golden.
-    from . import golden as golden_mod
-    from .paths import MODELS
+    from miniengine.course import golden as golden_mod
+    from miniengine.paths import MODELS
 
     def run(label, llm, cs):
         outs = llm.generate([c["prompt_token_ids"] for c in cs], [SamplingParams(**c["params"]) for c in cs])
@@ -113,7 +113,7 @@ def golden_on_cuda() -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m miniengine.gpu_check")
+    p = argparse.ArgumentParser(prog="python -m miniengine.course.gpu_check")
     p.add_argument("--skip-notebooks", action="store_true")
     p.add_argument("--skip-bench", action="store_true")
     args = p.parse_args(argv)

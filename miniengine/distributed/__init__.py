@@ -1,0 +1,1 @@
+"""Tensor parallelism: sharded layers, communicators, the rank launcher."""
