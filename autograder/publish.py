@@ -74,9 +74,23 @@ def _git_files(paths: list[str]) -> list[str]:
 
 
 def _autograder_modules() -> list[str]:
-    """The autograder modules the roots need, followed through their imports (absolute and relative)."""
+    """The autograder modules the roots need, followed through their imports (absolute and relative).
+
+    A module is named by its path under autograder/ without ``.py`` (``labs/lab02``); every lab's harness
+    (autograder/labs/) is a root, since the released test cells import them by name.
+    """
     package = layout.REPO_ROOT / "autograder"
-    needed, todo = set(), list(AUTOGRADER_ROOTS)
+    needed = set()
+    todo = list(AUTOGRADER_ROOTS) + ["labs/__init__"] + [f"labs/{p.stem}" for p in (package / "labs").glob("lab*.py")]
+
+    def module_path(dotted: str) -> str | None:
+        """``labs.lab02`` -> ``labs/lab02``; a package gives its __init__; None where no such file is here."""
+        rel = dotted.replace(".", "/")
+        for candidate in (rel, f"{rel}/__init__"):
+            if (package / f"{candidate}.py").is_file():
+                return candidate
+        return None
+
     while todo:
         name = todo.pop()
         if name in needed:
@@ -85,21 +99,26 @@ def _autograder_modules() -> list[str]:
         if not path.is_file():
             raise layout.LabError(f"{path}: missing, but the student edition needs it")
         needed.add(name)
+        here = name.rsplit("/", 1)[0].replace("/", ".") if "/" in name else ""  # the module's own package
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         nodes = tree.body if name in AUTOGRADER_SHELL else list(ast.walk(tree))
         for node in nodes:
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                found = [node.module] if node.module else [a.name for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.level >= 1:
+                base = ".".join(here.split(".")[: len(here.split(".")) - (node.level - 1)]) if here else ""
+                prefix = f"{base}." if base else ""
+                found = ([f"{prefix}{node.module}"] + [f"{prefix}{node.module}.{a.name}" for a in node.names]
+                         if node.module else [f"{prefix}{a.name}" for a in node.names])
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograder."):
-                found = [node.module.split(".")[1]]
+                mod = node.module.split(".", 1)[1]
+                found = [mod] + [f"{mod}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
-                found = [a.name.split(".")[1] for a in node.names if a.name.startswith("autograder.")]
+                found = [a.name.split(".", 1)[1] for a in node.names if a.name.startswith("autograder.")]
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 # a kernel told to run code, e.g. --IPKernelApp.exec_lines=import autograder.sandbox
-                found = re.findall(r"(?:import|-m)\s+autograder\.(\w+)", node.value)
+                found = re.findall(r"(?:import|-m)\s+autograder\.([\w.]+)", node.value)
             else:
                 continue
-            todo += [m.split(".")[0] for m in found if (package / f"{m.split('.')[0]}.py").is_file()]
+            todo += [m for m in (module_path(f) for f in found) if m]
     return [f"autograder/{name}.py" for name in sorted(needed)]
 
 

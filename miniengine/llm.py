@@ -13,7 +13,7 @@ before running any and says which request index is at fault; ``add_request``
 and ``step`` drive the engine one step at a time.
 
 ``LLM(tensor_parallel_size=2)`` (vLLM's name) serves ``generate`` on a model sharded
-over 2 processes (:mod:`miniengine.distributed.tensor_parallel`); ``tensor_parallel_plan`` plugs
+over 2 processes (:mod:`miniengine.distributed`); ``tensor_parallel_plan`` plugs
 in other split functions and another all-reduce (Lab 09).  Each ``generate`` call
 starts the ranks and ends them, so stepping one request at a time is not offered.
 """
@@ -42,14 +42,14 @@ class LLM:
         self._texts: dict = {}
 
     def _check_tensor_parallel(self, engine_args):
-        from miniengine.distributed.tensor_parallel import Plan
+        from miniengine.distributed import Plan
 
         size = self.tensor_parallel_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
         plan = self.tensor_parallel_plan
         if plan is not None and not isinstance(plan, Plan):
-            raise TypeError(f"tensor_parallel_plan must be a miniengine.distributed.tensor_parallel.Plan, got {type(plan).__name__}")
+            raise TypeError(f"tensor_parallel_plan must be a miniengine.distributed.Plan, got {type(plan).__name__}")
         if engine_args:  # each rank builds its own engine (a paged KV pool of its own KV heads)
             raise ValueError(f"with tensor_parallel_size={size}, LLM takes no engine arguments; "
                              f"got {', '.join(sorted(engine_args))}")
@@ -131,7 +131,7 @@ class LLM:
         return [self._output(s) for s in seqs]
 
     def _generate_tensor_parallel(self, encoded, params) -> list[RequestOutput]:
-        from miniengine.distributed.tensor_parallel import tp_generate
+        from miniengine.distributed import tp_generate
 
         bad = [n for n, sp in enumerate(params) if sp.n != 1]
         if bad:

@@ -14,10 +14,11 @@ from miniengine.model import Llama, load_model
 from miniengine.paths import GOLDEN, MODELS
 from miniengine.reference import naive_generate
 from miniengine.cost.roofline import (GPUS, CostModel, Interconnect, llama3_70b, ring_allreduce_s,
-                                 tensor_parallel_decode)
+                                      tensor_parallel_decode)
+from miniengine.course.tp_reference import tp_reference_generate
+from miniengine.distributed import (ColumnParallelLinear, Plan, RowParallelLinear, ThreadRing, check_world_size,
+                                    rank_kv_shape, ring_all_reduce, row_shard, shard_model, tp_generate)
 from miniengine.sampling import SamplingParams
-from miniengine.distributed.tensor_parallel import (ColumnParallelLinear, Plan, RowParallelLinear, ThreadRing, check_world_size,
-                                        rank_kv_shape, ring_all_reduce, row_shard, shard_model, tp_generate)
 
 
 def params_of(case):
@@ -102,8 +103,6 @@ def test_bad_rank_quantized_layers_and_tp_generate_arguments_are_refused_before_
         shard_model(quantize_model(copy.deepcopy(tiny_gqa), "int8"), 0, 2)
     with pytest.raises(ValueError, match=r"world_size=3 must divide num_attention_heads=4"):
         tp_generate(tiny_gqa, [[1, 2]], SamplingParams(max_tokens=2), world_size=3)
-    with pytest.raises(ValueError, match=r"decoder must be 'engine' or 'reference', got 'fast'"):
-        tp_generate(tiny_gqa, [[1, 2]], SamplingParams(max_tokens=2), decoder="fast")
     with pytest.raises(ValueError, match=r"dtype must be one of \['float32', 'float64'\]"):
         tp_generate(tiny_gqa, [[1, 2]], SamplingParams(max_tokens=2), dtype=torch.float16)
 
@@ -136,8 +135,8 @@ def test_a_gqa_model_shards_its_kv_heads_and_stays_exact_in_float64():
     cases = golden["cases"][:6]
     model = load_model(MODELS / "target-gqa2")
     prompts, params = [c["prompt_token_ids"] for c in cases], [params_of(c) for c in cases]
-    outs = tp_generate(model, prompts, params, world_size=2, dtype=torch.float64, return_logits=True,
-                       decoder="reference", timeout_s=60)
+    outs = tp_reference_generate(model, prompts, params, world_size=2, dtype=torch.float64, return_logits=True,
+                                 timeout_s=60)
     assert [o.token_ids for o in outs] == [c["token_ids"] for c in cases]
     ref = naive_generate(model, prompts, params, return_logits=True)
     diff = max((a - b).abs().max().item() for o, r in zip(outs, ref) for a, b in zip(o.logits, r.logits))
@@ -278,5 +277,5 @@ def test_llm_serves_generate_on_two_ranks_and_refuses_what_it_cannot_do(target):
         LLM(tensor_parallel_size=0)
     with pytest.raises(ValueError, match=r"with tensor_parallel_size=2, LLM takes no engine arguments; got max_num_seqs"):
         LLM(tensor_parallel_size=2, max_num_seqs=4)
-    with pytest.raises(TypeError, match=r"tensor_parallel_plan must be a miniengine.distributed.tensor_parallel.Plan, got dict"):
+    with pytest.raises(TypeError, match=r"tensor_parallel_plan must be a miniengine.distributed.Plan, got dict"):
         LLM(tensor_parallel_size=2, tensor_parallel_plan={})

@@ -492,7 +492,7 @@ def _tp_step_rank(rank, world_size, model_dir, prompt, batches, steps, repeats):
     from miniengine.config import EngineConfig
     from miniengine.engine import LLMEngine
     from miniengine.kv import PagedKV
-    from miniengine.distributed.tensor_parallel import GlooComm, comm_stats, rank_kv_shape, reset_comm_stats, ring_all_reduce, shard_model
+    from miniengine.distributed import GlooComm, comm_stats, rank_kv_shape, reset_comm_stats, ring_all_reduce, shard_model
 
     full = load_model(model_dir)
     models = {world_size: shard_model(full, rank, world_size)}
@@ -551,7 +551,8 @@ def tp(args) -> int:
     from miniengine.course.golden import GAP, VISIBLE_FILE
     from miniengine.reference import naive_generate
     from miniengine.cost.roofline import GPUS, INTERCONNECTS, CostModel, Interconnect, llama3_70b, tensor_parallel_decode
-    from miniengine.distributed.tensor_parallel import check_world_size, launch, tp_generate
+    from miniengine.course.tp_reference import tp_reference_generate
+    from miniengine.distributed import check_world_size, launch, tp_generate
 
     for flag in ("steps", "repeats", "prompt_tokens", "large_batch"):
         if getattr(args, flag) < 1:
@@ -600,7 +601,7 @@ def tp(args) -> int:
         engine.step()
     ref64 = naive_generate(base, prompts, params, return_logits=True)
     tp32 = tp_generate(model_dir, prompts, params, 2, torch.float32, return_logits=True)
-    tp64 = tp_generate(model_dir, prompts, params, 2, torch.float64, return_logits=True, decoder="reference")
+    tp64 = tp_reference_generate(model_dir, prompts, params, 2, torch.float64, return_logits=True)
 
     def exact(outs):
         return sum(o.token_ids == c["token_ids"] for o, c in zip(outs, cases))

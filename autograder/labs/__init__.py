@@ -1,0 +1,29 @@
+"""The labs' test harnesses: one module per lab (``lab01`` ... ``lab09``), holding the checks its test cells run.
+
+A test cell states its cases and calls its lab's harness, so that a student reads what is checked in one
+screen, and a fix to a check is made once, here, for the visible and the hidden cell alike::
+
+    import importlib, autograder.labs
+    lab = importlib.reload(autograder.labs).pristine("lab02")   # undoes whatever earlier cells did to the checks
+    lab.check_kv_bytes(kv_bytes_per_token, [("Llama-3-8B", llama3_8b, 2, 131072), ...])
+
+``pristine`` reloads the helper modules and then the harness, every time: a student's cell that patched a
+check (``lab.check_kv_bytes = lambda *a: None``) or a helper it uses is undone before the next test runs.
+In the grading sandbox these files are read-only, and the hidden cells' results are compared outside it
+(autograder/hidden_spec.py), so a patched harness can fool only the student's own visible run.
+"""
+from __future__ import annotations
+
+import importlib
+
+# Reloaded first, in this order (each one's dependencies before it), then the lab's harness.
+HELPERS = ("json", "autograder.hidden_spec", "autograder.notebook_checks")
+
+
+def pristine(lab: str):
+    """The harness module of ``lab`` (``"lab02"``), freshly reloaded with every helper it uses."""
+    if not (isinstance(lab, str) and lab.startswith("lab") and lab[3:].isdigit()):
+        raise ValueError(f"lab must be a lab's harness name such as 'lab02', got {lab!r}")
+    for name in HELPERS:
+        importlib.reload(importlib.import_module(name))
+    return importlib.reload(importlib.import_module(f"{__name__}.{lab}"))
