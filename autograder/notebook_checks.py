@@ -80,11 +80,23 @@ def _functions(fn):
         fn = getattr(fn, "__wrapped__", None)
 
 
+class AnswerKeyError(LookupError):
+    """An answer-key name that names nothing: the guard would silently not guard it, so this stops the test."""
+
+
 def _resolve(module, dotted: str):
-    """``name`` or ``Class.method`` in a module; a property gives its getter, a static or class method its function."""
-    obj = module
-    for part in dotted.split("."):
-        obj = inspect.getattr_static(obj, part, None) if inspect.isclass(obj) else getattr(obj, part, None)
+    """``name`` or ``Class.method`` in a module; a property gives its getter, a static or class method its function.
+
+    A name that does not exist raises AnswerKeyError: after a move or a rename, a guard that skipped it would let
+    a submission call the course's code unnoticed.
+    """
+    obj, missing = module, object()
+    for i, part in enumerate(dotted.split(".")):
+        obj = inspect.getattr_static(obj, part, missing) if inspect.isclass(obj) else getattr(obj, part, missing)
+        if obj is missing:
+            where = ".".join(dotted.split(".")[:i]) or "the module"
+            raise AnswerKeyError(f"answer key names {module.__name__}.{dotted}, but {where} has no {part!r}: "
+                                 f"the course's code moved or was renamed; fix the lab's answer key")
     if isinstance(obj, property):
         return obj.fget
     return obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
@@ -103,7 +115,11 @@ def reference_forbidden(what: str = "your code", forbidden: dict[str, list[str]]
     for module_name, names in (FORBIDDEN if forbidden is None else forbidden).items():
         module = importlib.import_module(module_name)
         for name in names:
-            for fn in _functions(_resolve(module, name)):
+            functions = list(_functions(_resolve(module, name)))
+            if not functions:
+                raise AnswerKeyError(f"answer key names {module_name}.{name}, which is not a function or method: "
+                                     f"list the functions to forbid (a class's methods as Class.method)")
+            for fn in functions:
                 swapped.append((fn, fn.__code__))
                 fn.__code__ = _raising_code(f"{module_name}.{name}", fn.__code__.co_freevars)
     del _calls[:]
