@@ -6,6 +6,9 @@ import numbers
 
 import torch
 
+from miniengine import plugs
+from miniengine.plug_check import check, check_speculative_kv
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 KV_LAYOUTS = ("paged", "contiguous")
 
@@ -19,10 +22,11 @@ def _positive_int(name, value):
 class EngineConfig:
     """The model, its precision and device, the step budgets, the KV memory, and the plug points.
 
-    Plug points (None means the course's own implementation):
-      sampler            ``sampler(logits[B, V], params, positions) -> list[int]``   (Lab 01)
-      kv                 a KV layout: can_allocate / allocate / free / backend     (Labs 02, 05)
-      scheduling_policy  ``admit(waiting, running, budget) -> list[Sequence]``      (Lab 04)
+    Plug points: ``sampler``, ``kv``, ``scheduling_policy``, ``enable_chunked_prefill`` (a rule),
+    ``speculative_verifier`` and ``quantization`` (a scheme) take an object of your own; None (or a string, or
+    True) means the course's own part.  Each interface is declared once, as a Protocol with its lab and default,
+    in miniengine/plugs.py (``PLUG_POINTS``), and a plugged object is checked against it here, with a message
+    that names the field, the missing method and the lab.
     """
 
     model: object = "data/models/target"  # a directory (or a shipped model's name), or a loaded Llama
@@ -92,16 +96,25 @@ class EngineConfig:
                              f"(a draft model), got none")
         if self.quantization is not None:
             from miniengine.layers.quant import get_scheme
-            get_scheme(self.quantization, self.quant_group_size)  # a bad name or group size fails here, named
-        if self.sampler is not None and not callable(self.sampler):
-            raise ValueError(f"sampler must be callable as sampler(logits, params, positions), got {type(self.sampler).__name__}")
-        if self.scheduling_policy is not None and not callable(getattr(self.scheduling_policy, "admit", None)):
-            raise ValueError("scheduling_policy must have a method admit(waiting, running, budget), "
-                             f"got {type(self.scheduling_policy).__name__}")
-        missing = [m for m in ("can_allocate", "allocate", "free", "backend") if self.kv is not None and not hasattr(self.kv, m)]
-        if missing:
-            raise ValueError(f"kv must have the methods can_allocate, allocate, free and backend; "
-                             f"{type(self.kv).__name__} lacks {', '.join(missing)}")
+            get_scheme(self.quantization, self.quant_group_size)  # a bad name, group size or scheme fails here, named
+        self._check_plugs()
+
+    def _check_plugs(self):
+        """Every plugged object against its Protocol (miniengine/plugs.py)."""
+        if self.sampler is not None:
+            check("sampler", self.sampler, plugs.BatchSampler)
+        if self.scheduling_policy is not None:
+            check("scheduling_policy", self.scheduling_policy, plugs.SchedulingPolicy)
+        if callable(self.enable_chunked_prefill):
+            check("enable_chunked_prefill", self.enable_chunked_prefill, plugs.ChunkingRule)
+        if self.speculative_model is not None and callable(self.speculative_verifier):
+            check("speculative_verifier", self.speculative_verifier, plugs.Verifier)
+        if self.kv is not None:
+            check("kv", self.kv, plugs.KVLayout)
+            if hasattr(self.kv, "can_append") or hasattr(self.kv, "append_slot"):
+                check("kv", self.kv, plugs.GrowingKVLayout)
+            if self.speculative_model is not None:
+                check_speculative_kv(self.kv)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -17,6 +17,8 @@ import dataclasses
 import torch
 
 from miniengine.model import Llama
+from miniengine.plug_check import check
+from miniengine.plugs import KVHeadPool
 
 
 def mean_pool_kv(weight: torch.Tensor, num_heads: int, kv_heads: int) -> torch.Tensor:
@@ -29,7 +31,8 @@ def mean_pool_kv(weight: torch.Tensor, num_heads: int, kv_heads: int) -> torch.T
 
 
 def convert(model: Llama, kv_heads: int, pool=mean_pool_kv) -> Llama:
-    """A GQA copy of an MHA model (``pool`` is the plug point: Lab 07 writes it)."""
+    """A GQA copy of an MHA model (``pool`` is the plug point, ``plugs.KVHeadPool``: Lab 07 writes it)."""
+    check("pool", pool, KVHeadPool)
     c = model.config
     if c.num_key_value_heads != c.num_attention_heads:
         raise ValueError(f"the model already has {c.num_key_value_heads} KV heads for {c.num_attention_heads} query "

@@ -8,9 +8,11 @@
 
 Behind it runs :class:`~miniengine.engine.LLMEngine`.  Keyword arguments are
 :class:`~miniengine.config.EngineConfig` fields, plug points included, for example
-``LLM(sampler=PerRowSampler(my_sample))``.  ``generate`` checks every request
-before running any and says which request index is at fault; ``add_request``
-and ``step`` drive the engine one step at a time.
+``LLM(sampler=PerRowSampler(my_sample))``; each plug point's interface is a
+Protocol in :mod:`miniengine.plugs`, and a plugged object is checked against it
+when it is given.  ``generate`` checks every request before running any and says
+which request index is at fault; ``add_request`` and ``step`` drive the engine one
+step at a time.
 
 ``LLM(tensor_parallel_size=2)`` (vLLM's name) serves ``generate`` on a model sharded
 over 2 processes (:mod:`miniengine.distributed`); ``tensor_parallel_plan`` plugs
@@ -21,10 +23,12 @@ from __future__ import annotations
 
 import itertools
 
+from miniengine import plugs
 from miniengine.config import EngineConfig
 from miniengine.engine import LLMEngine
 from miniengine.outputs import CompletionOutput, RequestOutput
 from miniengine.paths import TARGET
+from miniengine.plug_check import check
 from miniengine.sampling import SamplingParams
 from miniengine.tokenizer import IncrementalDetokenizer, load_tokenizer
 
@@ -50,6 +54,10 @@ class LLM:
         plan = self.tensor_parallel_plan
         if plan is not None and not isinstance(plan, Plan):
             raise TypeError(f"tensor_parallel_plan must be a miniengine.distributed.Plan, got {type(plan).__name__}")
+        for name, protocol in (("column_shard", plugs.ShardSplit), ("row_shard", plugs.ShardSplit),
+                               ("all_reduce", plugs.AllReduce)):
+            if getattr(plan, name, None) is not None:
+                check(f"tensor_parallel_plan.{name}", getattr(plan, name), protocol, name)
         if engine_args:  # each rank builds its own engine (a paged KV pool of its own KV heads)
             raise ValueError(f"with tensor_parallel_size={size}, LLM takes no engine arguments; "
                              f"got {', '.join(sorted(engine_args))}")

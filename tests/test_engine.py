@@ -81,9 +81,9 @@ def test_bad_engine_arguments():
         LLM(model="nowhere")
     with pytest.raises(ValueError, match=r"max_num_seqs must be an integer >= 1, got 0"):
         LLM(max_num_seqs=0)
-    with pytest.raises(ValueError, match=r"scheduling_policy must have a method admit\(waiting, running, budget\)"):
+    with pytest.raises(ValueError, match=r"scheduling_policy: object has no admit\(waiting, running, budget\) \(Lab 04\)"):
         LLM(scheduling_policy=object())
-    with pytest.raises(ValueError, match=r"kv must have the methods can_allocate, allocate, free and backend; int lacks"):
+    with pytest.raises(ValueError, match=r"kv: int has no can_allocate\(seq\) \(Labs 02, 05\)"):
         LLM(kv=3)
     with pytest.raises(TypeError):
         LLM(kv_cache=False)  # not an engine argument: the no-cache decoder is the reference, naive_generate

@@ -3,7 +3,8 @@
     LLMEngine.step() = Scheduler.schedule() -> ModelRunner.run() -> Scheduler.postprocess()
 
 sequence.py (a request's state), policy.py (who joins a step), scheduler.py
-(budgets and the one stop rule), model_runner.py (flatten, run, sample),
+(budgets and the one stop rule), batch.py (what a step feeds, and what its rows
+emit), model_runner.py (flatten, run, sample),
 llm_engine.py (the loop), replay.py (an arrival trace on the wall clock).
 """
 from miniengine.engine.llm_engine import LLMEngine

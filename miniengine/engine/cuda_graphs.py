@@ -132,7 +132,7 @@ class DecodeGraphs:
     def accepts(self, batch) -> bool:
         """A step of decodes only (one new token each, whole sequences), no larger than the largest bucket."""
         return (len(batch.seqs) <= self.buckets[-1] and all(n == 1 for n in batch.num_new_tokens)
-                and not any(batch.partial(i) for i in range(len(batch.seqs))))
+                and not batch.draft_token_ids and not any(batch.partial(i) for i in range(len(batch.seqs))))
 
     def prepare(self, seqs) -> tuple[int, int]:
         """Copy the step's inputs into the static buffers, padded to the bucket with copies of row 0; returns

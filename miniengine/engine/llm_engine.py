@@ -5,7 +5,8 @@
     while engine.has_unfinished_requests():
         for seq in engine.step(): ...
 
-A step is schedule -> run -> postprocess.  A bad request is rejected by
+A step is schedule -> run -> postprocess (a speculative step: schedule -> propose and verify -> postprocess ->
+rollback, spec/decoding.py).  A bad request is rejected by
 add_request with a ValueError and never enters the queue, so the others keep
 being served.
 """
@@ -56,7 +57,8 @@ class LLMEngine:
         chunk = config.enable_chunked_prefill
         self.scheduler = Scheduler(self.kv, cfg.eos_token_id, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.scheduling_policy,
-                                   chunk_prefill=(chunk_to_fit if chunk is True else chunk) if chunk else None)
+                                   chunk_prefill=(chunk_to_fit if chunk is True else chunk) if chunk else None,
+                                   num_speculative_tokens=config.num_speculative_tokens)
         self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits)
         self.requests: dict = {}  # request_id -> Sequence, for the requests not finished yet
         self.spec = self._speculative_decoder(config, dtype) if config.speculative_model is not None else None
@@ -79,25 +81,18 @@ class LLMEngine:
             return None
 
     def _speculative_decoder(self, config, dtype):
+        """The speculative step, given what it uses: the target's runner and KV layout, the draft, the budgets."""
         from miniengine.spec.decoding import SpeculativeDecoder
 
-        missing = [m for m in ("truncate",) + (("cover", "can_cover") if hasattr(self.kv, "can_append") else ())
-                   if not hasattr(self.kv, m)]
-        if missing:
-            raise ValueError(f"speculative decoding rolls the KV cache back, but kv ({type(self.kv).__name__}) lacks "
-                             f"{', '.join(missing)}")
-        manager = getattr(self.kv, "block_manager", None)
-        if manager is not None and not hasattr(manager, "truncate"):
-            raise ValueError(f"speculative decoding rolls the KV cache back, but the block manager "
-                             f"({type(manager).__name__}) has no truncate(seq, num_tokens)")
         draft = config.speculative_model
         if not isinstance(draft, torch.nn.Module):
             draft = load_model(resolve_model_dir(draft), dtype=dtype, device=config.device)
         if draft.config.vocab_size != self.model.config.vocab_size:
             raise ValueError(f"the speculative_model's vocabulary ({draft.config.vocab_size} tokens) must be the "
                              f"target's ({self.model.config.vocab_size})")
-        self.scheduler.num_speculative_tokens = config.num_speculative_tokens
-        return SpeculativeDecoder(self, draft, config.num_speculative_tokens, config.speculative_verifier)
+        return SpeculativeDecoder(self.runner, self.kv, draft, config.num_speculative_tokens,
+                                  config.speculative_verifier, max_num_seqs=config.max_num_seqs,
+                                  kv_cache_tokens=config.kv_cache_tokens, block_size=config.block_size)
 
     def _default_kv(self, cfg, dtype, device):
         c = self.config
@@ -167,10 +162,14 @@ class LLMEngine:
             return []
         forking = {s.seq_id for s in batch.seqs if s.fork_pending}
         chunked = {s.seq_id for i, s in enumerate(batch.seqs) if batch.partial(i)}  # fed a chunk, got no token
-        if self.spec is not None and batch.num_decodes:
-            finished = self.spec.step(batch)
+        speculative = self.spec is not None and batch.num_decodes
+        if speculative:  # the decodes' drafts ride on the batch; each decode's row holds 1 to γ + 1 tokens
+            batch, tokens = self.spec.propose_and_verify(batch, {s.seq_id for s in self.scheduler.running})
         else:
-            finished = self.scheduler.postprocess(batch, self.runner.run(batch))
+            tokens = self.runner.run(batch)  # a list of one token per row
+        finished = self.scheduler.postprocess(batch, tokens)
+        if speculative:
+            self.spec.rollback(batch)
         # A request that forked in this step got a token in every completion.
         stepped = [c for s in batch.seqs if s.seq_id not in chunked
                    for c in (s.completions if s.seq_id in forking else [s])]

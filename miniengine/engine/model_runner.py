@@ -1,33 +1,40 @@
-"""The model runner: one scheduled batch in, one sampled token per sequence out.
+"""The model runner: one scheduled batch in, the sampled tokens out.
 
-It flattens the batch's new tokens into ``input_ids``, asks the KV plug for the
-step's backend (which knows the positions and where K/V live), runs the model
-once, keeps only the last row of each sequence (``logits_indices``), and hands
-those rows to the sampler.
+It flattens the batch's fed tokens into ``input_ids`` (each sequence's new tokens, then any drafted tokens a
+speculative step feeds after them: ``ScheduledBatch.tokens_to_feed``), asks the KV plug for the step's backend
+(which knows the positions and where K/V live), runs the model once, keeps only the rows that choose a token
+(``logits_indices``: the last token of each sequence), and hands those rows to the sampler.
 """
 from __future__ import annotations
 
 import torch
 
-from miniengine.engine.scheduler import ScheduledBatch
+from miniengine import plugs
+from miniengine.engine.batch import ScheduledBatch
+from miniengine.plug_check import check
 
 
 class ModelRunner:
     def __init__(self, model, kv, sampler, keep_logits: bool = False, graphs=None):
         self.model, self.kv, self.sampler, self.keep_logits = model, kv, sampler, keep_logits
         self.graphs = graphs  # cuda_graphs.DecodeGraphs: decode-only steps run padded to a bucket, replayed on CUDA
+        self._backend_checked = False  # the KV plug's first backend is held to plugs.AttentionBackend
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch, rows=None) -> torch.Tensor:
-        """Run the model over the batch's new tokens; the logits of ``rows`` of the flattened step
-        (default: the last token of each sequence)."""
+        """Run the model over the batch's fed tokens; the logits of ``rows`` of the flattened step
+        (default: the last fed token of each sequence)."""
         device = self.model.device
-        ids = [t for s, n in zip(batch.seqs, batch.num_new_tokens) for t in s.token_ids[s.num_cached_tokens:s.num_cached_tokens + n]]
+        ids = [t for i in range(len(batch.seqs)) for t in batch.tokens_to_feed(i)]
+        fed = batch.num_fed_tokens
         input_ids = torch.tensor(ids, device=device)
-        backend = self.kv.backend(batch.seqs, batch.num_new_tokens)
+        backend = self.kv.backend(batch.seqs, fed)
+        if not self._backend_checked:
+            check("kv.backend(seqs, new_tokens)", backend, plugs.AttentionBackend)
+            self._backend_checked = True
         positions = backend.positions(device)
         if rows is None:
-            rows = torch.tensor(batch.num_new_tokens).cumsum(0) - 1
+            rows = torch.tensor(fed).cumsum(0) - 1
         logits = self.model(input_ids, positions, backend, logits_indices=torch.as_tensor(rows, device=device))
         backend.advance()
         return logits
@@ -49,7 +56,10 @@ class ModelRunner:
         positions = [batch.seqs[i].num_cached_tokens + batch.num_new_tokens[i] for i, _ in rows]
         return self.sampler(logits, [p for _, p in rows], positions)
 
-    def run(self, batch: ScheduledBatch) -> list[int]:
+    def run(self, batch: ScheduledBatch) -> list[list[int]]:
+        """One step: for each row of ``batch.sample_rows()``, the tokens it emits, a list of one (for postprocess)."""
         if self.graphs is not None and self.graphs.accepts(batch):
-            return self.sample(batch, self.graphs.run(batch.seqs))
-        return self.sample(batch, self.forward(batch))
+            logits = self.graphs.run(batch.seqs)
+        else:
+            logits = self.forward(batch)
+        return [[t] for t in self.sample(batch, logits)]

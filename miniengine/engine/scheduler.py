@@ -27,41 +27,14 @@ step that feeds its prompt's last chunk.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 
-from miniengine.sampling import SamplingParams, child_params
+from miniengine import plugs
+from miniengine.plug_check import check
+from miniengine.sampling import child_params
+from miniengine.engine.batch import ScheduledBatch, emitted_tokens
 from miniengine.engine.policy import Budget, ContinuousBatching
 from miniengine.engine.sequence import Sequence, SequenceStatus
-
-
-@dataclasses.dataclass
-class ScheduledBatch:
-    seqs: list[Sequence]
-    num_new_tokens: list[int]  # tokens each sequence feeds in this step
-    num_decodes: int = 0       # the first num_decodes sequences were running before this step
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    def partial(self, i: int) -> bool:
-        """Does sequence i feed only a chunk of what it must feed (a chunked prefill, not its last chunk)?"""
-        return self.num_new_tokens[i] < self.seqs[i].num_new_tokens
-
-    def sample_rows(self) -> list[tuple[int, SamplingParams]]:
-        """(index into seqs, params) of every token to sample: one per sequence, n for a sequence whose
-        request forks its other completions after this (prefill) step, each with its own seed; none for a
-        sequence whose prefill goes on in a later step."""
-        rows = []
-        for i, s in enumerate(self.seqs):
-            if self.partial(i):
-                continue
-            if s.fork_pending:
-                rows += [(i, child_params(s.params, c)) for c in range(s.params.n)]
-            else:
-                rows.append((i, s.params))
-        return rows
 
 
 def stop_reason(seq: Sequence, token_id: int, eos_token_id: int) -> str | None:
@@ -88,12 +61,14 @@ def chunk_to_fit(seq: Sequence, tokens_left: int) -> int:
 
 class Scheduler:
     def __init__(self, kv, eos_token_id: int, max_num_seqs: int, max_num_batched_tokens: int, policy=None,
-                 chunk_prefill=None):
+                 chunk_prefill=None, num_speculative_tokens: int = 0):
         # chunk_prefill: None (a prompt is prefilled in one step), or chunk(seq, tokens_left) -> int, how many of
         # the tokens a sequence still has to feed join this step (chunk_to_fit, or Lab 08's rule)
+        if chunk_prefill is not None:
+            check("chunk_prefill", chunk_prefill, plugs.ChunkingRule)
         self.chunk_prefill = chunk_prefill
         self.kv, self.eos_token_id = kv, eos_token_id
-        self.policy = policy if policy is not None else ContinuousBatching()
+        self.policy = ContinuousBatching() if policy is None else check("policy", policy, plugs.SchedulingPolicy)
         # A policy may bring its own batch limit (batch-1 FCFS, a static batch size) within the engine's.
         own = getattr(self.policy, "max_num_seqs", None)
         self.max_num_seqs = min(max_num_seqs, own) if own else max_num_seqs
@@ -101,7 +76,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order (forks join at the end)
         self.num_preemptions = 0
-        self.num_speculative_tokens = 0  # set by a speculative engine: KV slots each decode needs ahead
+        self.num_speculative_tokens = num_speculative_tokens  # a speculative engine's γ: KV slots a decode needs ahead
 
     def lookahead(self, seq: Sequence) -> int:
         """Drafted tokens a decode may verify this step: never more than it may still emit, minus one."""
@@ -161,7 +136,8 @@ class Scheduler:
             tokens_left -= n
             prefills.append((seq, n))
         steps = [(s, s.num_new_tokens) for s in decodes] + going_on + prefills
-        return ScheduledBatch([s for s, _ in steps], [n for _, n in steps], len(decodes))
+        return ScheduledBatch([s for s, _ in steps], [n for _, n in steps], len(decodes),
+                              [self.lookahead(s) for s in decodes] if self.num_speculative_tokens else [])
 
     @staticmethod
     def prefilling(seq: Sequence) -> bool:
@@ -243,35 +219,36 @@ class Scheduler:
                                f"step (max_num_batched_tokens={self.max_num_batched_tokens})")
 
     def postprocess(self, batch: ScheduledBatch, token_ids: list) -> list[Sequence]:
-        """Append each sampled token; return the sequences that finished in this step.
+        """Append each row's tokens; return the sequences that finished in this step.
 
-        ``token_ids`` has one entry per row of ``batch.sample_rows()``: a sequence whose prefill
-        forks its request's other completions brings n of them, the others one.  A speculative
-        decode's entry is the list of tokens its verifier emitted (the accepted drafts, then the
-        target's own): they are appended one by one, the stop rule checked after each, and only the
-        fed tokens they confirm stay cached (the caller rolls the KV memory back to match).
+        ``token_ids`` has one row per entry of ``batch.sample_rows()``: the tokens that row emits, in order, a list
+        of one in a plain step (a sequence whose prefill forks its request's other completions brings n rows).  A
+        speculative decode (``batch.drafts(i)``) emits its accepted drafts, then one token of the target's.  Every
+        row takes the same path: its tokens are appended one by one, the stop rule checked after each, and the
+        fed positions they confirm keep their K/V (the sequence's own new tokens, and each accepted draft); the
+        speculative step rolls the rest of the KV memory back.
         """
-        finished, tokens = [], iter(token_ids)
+        finished, rows = [], iter(token_ids)
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-            seq.tokens_processed += n
+            drafts = batch.drafts(i)
+            seq.tokens_processed += n + len(drafts)
             if batch.partial(i):  # a chunk of a prefill: cached now, nothing sampled yet
                 self._cached(seq, n)
                 continue
             completions = [seq]
             if seq.fork_pending:  # its prompt is cached: the other completions share it from here
                 seq.fork_pending = False
-                for i in range(1, seq.params.n):
-                    child = seq.fork(i, child_params(seq.params, i))
+                for c in range(1, seq.params.n):
+                    child = seq.fork(c, child_params(seq.params, c))
                     self.kv.fork(seq, child)
                     self.running.append(child)
                     completions.append(child)
             for s in completions:
-                out = next(tokens)
-                speculative = isinstance(out, (list, tuple))
-                emitted = [int(t) for t in out] if speculative else [int(out)]
-                # A speculative decode fed its last token and the drafts; the ones its emitted tokens confirm
-                # (the last token and the accepted drafts, as many as it emitted) keep their K/V.
-                self._cached(s, len(emitted) if speculative else n)
+                emitted = emitted_tokens(next(rows))
+                if not 1 <= len(emitted) <= len(drafts) + 1:
+                    raise RuntimeError(f"a row of token_ids must hold 1 to {len(drafts) + 1} tokens for a sequence fed "
+                                       f"{len(drafts)} drafted tokens, got {emitted}")
+                self._cached(s, n + len(emitted) - 1)  # every emitted token but the last confirms a fed draft
                 for tok in emitted:
                     s.token_ids.append(tok)
                     reason = stop_reason(s, tok, self.eos_token_id)

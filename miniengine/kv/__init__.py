@@ -1,6 +1,7 @@
 """KV-cache layouts: where K/V live, and the attention backend that reads them.
 
-The KV plug point.  ``LLM(..., kv=...)`` / ``EngineConfig.kv`` takes an object with
+The KV plug point (``plugs.KVLayout``; ``plugs.GrowingKVLayout``, ``plugs.AttentionBackend``).
+``LLM(..., kv=...)`` / ``EngineConfig.kv`` takes an object with
 
     can_allocate(seq) -> bool          is there KV memory for this waiting sequence now?
     allocate(seq)                      reserve it (sets ``seq.kv``)

@@ -12,7 +12,8 @@ sequence holds; this module moves the tensors:
   padded ``[B, num_keys]`` grid for the one attention function;
 * the copy of a block's K/V when a shared block is written (copy-on-write).
 
-Two plug points, for Lab 05: ``PagedKV(..., block_manager=..., gather=...)``.
+Two plug points, for Lab 05: ``PagedKV(..., block_manager=..., gather=...)`` (``plugs.BlockAllocator``, with
+``truncate`` for Lab 06 and ``register`` for Lab 08's prefix cache; ``plugs.HistoryGather``).
 
 vLLM's PagedAttention kernel reads the blocks in place, inside the attention
 kernel.  Here the gather copies them into a padded grid first and then calls the
@@ -24,8 +25,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from miniengine import plugs
 from miniengine.kv.block_manager import BlockManager, blocks_needed
 from miniengine.kv.pool_backend import PoolBackend
+from miniengine.plug_check import check
 
 
 def gather_history(cache: torch.Tensor, block_tables: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -103,9 +106,13 @@ class PagedKV:
             from miniengine.kv.prefix_cache import PrefixCachingBlockManager
 
             block_manager = (PrefixCachingBlockManager if enable_prefix_caching else BlockManager)(num_blocks, block_size)
+        else:  # a plug (Labs 05, 06, 08): held to its Protocol here, where it is taken
+            check("block_manager", block_manager, plugs.BlockAllocator)
+            if enable_prefix_caching or hasattr(block_manager, "register"):
+                check("block_manager", block_manager, plugs.PrefixCache)
         self.block_manager = block_manager
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.gather = gather_history if gather is None else gather
+        self.gather = gather_history if gather is None else check("gather", gather, plugs.HistoryGather)
         shape = (model_config.num_hidden_layers, num_blocks * block_size, model_config.num_key_value_heads,
                  model_config.head_dim)
         # Zeros, not empty: masked-out history is multiplied by a probability of exactly 0, and 0 * NaN is NaN.

@@ -3,15 +3,21 @@
     cache = cache_class(model_config, max_len, dtype, device)   # at admission: max_len = Lp + max_tokens
     backend = backend_class([cache, ...], new_tokens)           # every step: positions(), attend(), advance()
 
+(``plugs.CacheFactory``, ``plugs.BackendFactory``, ``plugs.AttentionBackend``.)
+
 Each sequence's memory is its own allocation, so memory never runs out here:
 only ``max_num_seqs`` bounds the batch.
 """
 from __future__ import annotations
 
+from miniengine import plugs
+from miniengine.plug_check import check
+
 
 class PerSequenceKV:
     def __init__(self, cache_class, backend_class, model_config, dtype, device):
-        self.cache_class, self.backend_class = cache_class, backend_class
+        self.cache_class = check("cache_class", cache_class, plugs.CacheFactory)
+        self.backend_class = check("backend_class", backend_class, plugs.BackendFactory)
         self.config, self.dtype, self.device = model_config, dtype, device
 
     def can_allocate(self, seq) -> bool:

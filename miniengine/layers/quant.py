@@ -16,7 +16,7 @@ zeros gets the scale 1, never 0, so dequantizing never divides by zero or produc
 forward (weight-only quantization: activations stay float).  ``quantize_model`` swaps them into a model,
 embedding and LM head included (they share one quantized matrix when tied).
 ``LLM(quantization="int8" | "int4")`` does that at load time; a scheme object with ``quantize`` and
-``dequantize`` (Lab 07's) plugs in the same way.
+``dequantize`` (Lab 07's; ``plugs.QuantScheme``) plugs in the same way.
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ import numbers
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from miniengine.plug_check import check
+from miniengine.plugs import QuantScheme
 
 
 def _scales(absmax: torch.Tensor, qmax: int) -> torch.Tensor:
@@ -101,15 +104,12 @@ SCHEMES = {"int8": Int8PerChannel, "int4": Int4GroupWise}
 
 
 def get_scheme(quantization, group_size: int = 64):
-    """"int8", "int4" (with ``group_size``), or an object with quantize(w) and dequantize(state)."""
+    """"int8", "int4" (with ``group_size``), or a scheme object (plugs.QuantScheme: quantize, dequantize)."""
     if isinstance(quantization, str):
         if quantization not in SCHEMES:
             raise ValueError(f"quantization must be one of {sorted(SCHEMES)} or a scheme object, got {quantization!r}")
         return Int4GroupWise(group_size) if quantization == "int4" else Int8PerChannel()
-    if not (callable(getattr(quantization, "quantize", None)) and callable(getattr(quantization, "dequantize", None))):
-        raise ValueError("quantization must be 'int8', 'int4', or an object with quantize(weight) -> state and "
-                         f"dequantize(state) -> weight, got {type(quantization).__name__}")
-    return quantization
+    return check("quantization", quantization, QuantScheme)
 
 
 def state_bytes(state: dict) -> int:

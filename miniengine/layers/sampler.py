@@ -1,6 +1,6 @@
 """The sampler plug point: a step's logits in, one token per sequence out.
 
-Interface (what ``LLM(..., sampler=...)`` accepts)::
+Interface (what ``LLM(..., sampler=...)`` accepts; ``plugs.BatchSampler``)::
 
     sampler(logits, params, positions) -> list[int]
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from miniengine.plug_check import check
+from miniengine.plugs import RowSampler
 from miniengine.sampling import sample_token
 
 
@@ -42,9 +44,7 @@ class PerRowSampler:
     """
 
     def __init__(self, sample):
-        if not callable(sample):
-            raise ValueError(f"PerRowSampler needs a function sample(logits, params, position), got {type(sample).__name__}")
-        self.sample = sample
+        self.sample = check("sample", sample, RowSampler)
 
     def __call__(self, logits, params, positions) -> list[int]:
         rows = logits.detach().double().cpu().numpy()

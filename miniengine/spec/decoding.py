@@ -1,19 +1,23 @@
-"""A speculative engine step: draft, verify in one target pass, keep what the verifier accepts, roll back.
+"""The speculative step, a component of the engine: draft, verify in one target pass, report what the verifier kept.
 
     LLM(speculative_model="draft", num_speculative_tokens=4)                       # coupled verifier
     LLM(speculative_model="draft", num_speculative_tokens=4, speculative_verifier="rejection")
 
-The scheduler has already given every decoding sequence KV slots for its last token and the drafts
-(``Scheduler.lookahead``).  Then:
+As in vLLM's spec-decode worker, it gets what it uses and nothing else: the target's model runner and KV layout,
+a proposer (the draft model with a cache of its own), a verifier, and the step's budgets in the scheduled batch.
+The scheduler has already given every decoding sequence KV slots for its last token and the drafts it may verify
+(``ScheduledBatch.num_lookahead_slots``, from ``Scheduler.lookahead``).  Then ``LLMEngine.step`` runs:
 
-1. the proposer drafts γ_i tokens for each decoding sequence (fewer near its max_tokens);
-2. the drafts are appended to the sequences for one pass, so that the runner feeds [last, x_1..x_γ]
-   at positions N..N+γ, through the same seam as any step (a multi-token decode), together with the
-   step's prefills; the target's logits are kept for every fed row of a decode;
-3. each decode's verifier returns the tokens it emits (k accepted drafts and one of the target's);
-   ``Scheduler.postprocess`` appends them, stopping at end-of-text or max_tokens;
-4. the target's KV memory is rolled back to the confirmed tokens (``kv.truncate``: blocks allocated for
-   rejected drafts go back to the pool); the draft's is rolled back at its next proposal.
+1. ``propose_and_verify(batch, live_seq_ids)``: the proposer drafts up to γ_i tokens for each decode (fewer near
+   its max_tokens); the runner feeds [last, x_1..x_γ] at positions N..N+γ through the same seam as any step (a
+   multi-token decode), beside the step's prefills, with the drafts carried by the batch
+   (``ScheduledBatch.with_drafts``), never written into a sequence; each decode's verifier returns the tokens it
+   emits (k accepted drafts and one of the target's).  It returns the batch as fed and one row of tokens per
+   sample row;
+2. ``Scheduler.postprocess`` appends every row the one way it appends any: token by token, the one stop rule
+   after each, the accepted drafts' K/V kept;
+3. ``rollback(batch)``: the target's KV memory goes back to the confirmed tokens (``kv.truncate``: blocks taken
+   for rejected drafts return to the pool); the draft's is rolled back at its next proposal.
 
 Each sequence accepts a different number of tokens in the same step.
 """
@@ -23,9 +27,12 @@ import time
 
 import torch
 
-from miniengine.engine.scheduler import ScheduledBatch
+from miniengine import plugs
+from miniengine.engine.batch import ScheduledBatch
+from miniengine.plug_check import check, check_speculative_kv
 from miniengine.spec.proposer import DraftProposer
 from miniengine.spec.verify import coupled_verify, rejection_verify
+
 
 def check_emitted(emitted, drafts) -> None:
     """A verifier is a plug point: say exactly which rule its answer breaks."""
@@ -38,41 +45,44 @@ def check_emitted(emitted, drafts) -> None:
 
 
 class SpeculativeDecoder:
-    def __init__(self, engine, draft_model, gamma: int, verifier):
-        self.engine, self.gamma = engine, gamma
+    """``runner``: the target's ModelRunner; ``kv``: its KV layout (plugs.SpeculativeKV, rolled back here);
+    ``draft_model``: the draft, for the course's proposer (or ``proposer``, a plugs.Proposer); ``gamma``: drafts per
+    step; ``verifier``: "coupled", "rejection" or a plugs.Verifier.  ``max_num_seqs``, ``kv_cache_tokens`` and
+    ``block_size`` size the draft's own pool: every sequence the target holds, plus its drafts and a partial block."""
+
+    def __init__(self, runner, kv, draft_model, gamma: int, verifier, *, max_num_seqs: int, kv_cache_tokens: int,
+                 block_size: int, proposer=None):
+        self.runner, self.kv, self.gamma = runner, check_speculative_kv(kv), gamma
         # A verifier function (the plug point) verifies like rejection sampling: it needs the draft's q rows.
-        self.verify = (coupled_verify if verifier == "coupled" else
-                       rejection_verify if verifier == "rejection" else verifier)
-        c = engine.config
-        # The draft's pool holds every sequence the target can hold, plus its drafts and a partial block each.
-        positions = c.kv_cache_tokens + c.max_num_seqs * (gamma + 2 * c.block_size)
-        self.proposer = DraftProposer(draft_model, -(-positions // c.block_size), c.block_size,
-                                      "coupled" if verifier == "coupled" else "rejection")
+        self.verify = (coupled_verify if verifier == "coupled" else rejection_verify if verifier == "rejection" else
+                       check("speculative_verifier", verifier, plugs.Verifier))
+        if proposer is None:
+            positions = kv_cache_tokens + max_num_seqs * (gamma + 2 * block_size)
+            proposer = DraftProposer(draft_model, -(-positions // block_size), block_size,
+                                     "coupled" if verifier == "coupled" else "rejection")
+        self.proposer = check("proposer", proposer, plugs.Proposer)
         self.accepted = self.drafted = self.target_calls = 0  # for alpha and tokens per target call
         self.verified = self.rejected = 0  # verifications (one per decoding sequence per step), and those that rejected
         self.seconds = {"draft": 0.0, "target": 0.0, "verify and the rest": 0.0}  # where a speculative step's time goes
 
-    def step(self, batch: ScheduledBatch) -> list:
-        """Draft, verify and roll back; returns the sequences that finished (the engine reports who stepped)."""
+    def propose_and_verify(self, batch: ScheduledBatch, live_seq_ids) -> tuple[ScheduledBatch, list[list[int]]]:
+        """Draft for the batch's decodes, run the target once over the batch with the drafts fed, verify.
+
+        ``live_seq_ids``: the sequences running now (the proposer forgets the others).  Returns the batch as fed
+        (``draft_token_ids`` set) and, for each row of its ``sample_rows()``, the tokens it emits: a decode's
+        accepted drafts and one of the target's, a prefill's one sampled token (n after a fork)."""
         t0 = time.perf_counter()
-        sched, runner, kv = self.engine.scheduler, self.engine.runner, self.engine.kv
         decodes = batch.seqs[: batch.num_decodes]
-        self.proposer.release({s.seq_id for s in sched.running})
-        gammas = [sched.lookahead(s) for s in decodes]
+        self.proposer.release(live_seq_ids)
+        gammas = list(batch.num_lookahead_slots[: batch.num_decodes])
         drafts, qs = self.proposer.propose(decodes, gammas)
         t_draft = time.perf_counter()
-        fed = list(batch.num_new_tokens)
-        for i, (s, d) in enumerate(zip(decodes, drafts)):
-            s.token_ids.extend(d)  # only for this pass: the runner feeds token_ids[num_cached:]
-            fed[i] = 1 + len(d)
-        step = ScheduledBatch(batch.seqs, fed, batch.num_decodes)
+        fed_batch = batch.with_drafts(drafts)
+        fed = fed_batch.num_fed_tokens
         ends = torch.tensor(fed).cumsum(0)
         rows = [r for i, (e, n) in enumerate(zip(ends.tolist(), fed)) for r in (range(e - n, e) if i < len(decodes) else [e - 1])]
-        t_forward = time.perf_counter()
-        logits = runner.forward(step, rows)
+        logits = self.runner.forward(fed_batch, rows)  # every fed row of a decode, the last row of a prefill
         t_target = time.perf_counter()
-        for s, d in zip(decodes, drafts):
-            del s.token_ids[len(s.token_ids) - len(d):]
         self.target_calls += 1
         out, r = [], 0
         for i, (s, d) in enumerate(zip(decodes, drafts)):
@@ -89,18 +99,22 @@ class SpeculativeDecoder:
             self.accepted += len(emitted) - 1
             self.verified += 1
             self.rejected += len(emitted) - 1 < len(d)
-            out.append(emitted)
+            out.append([int(t) for t in emitted])
         prefills = ScheduledBatch(batch.seqs[batch.num_decodes:], batch.num_new_tokens[batch.num_decodes:])
         if prefills.seqs:
-            out += runner.sample(prefills, logits[r:])
-        finished = sched.postprocess(step, out)
-        for s in decodes:
-            if not s.is_finished:
-                kv.truncate(s, s.num_cached_tokens)
+            out += [[t] for t in self.runner.sample(prefills, logits[r:])]
         self.seconds["draft"] += t_draft - t0
-        self.seconds["target"] += t_target - t_forward
-        self.seconds["verify and the rest"] += time.perf_counter() - t0 - (t_draft - t0) - (t_target - t_forward)
-        return finished
+        self.seconds["target"] += t_target - t_draft
+        self.seconds["verify and the rest"] += time.perf_counter() - t_target
+        return fed_batch, out
+
+    def rollback(self, batch: ScheduledBatch) -> None:
+        """After ``Scheduler.postprocess``: each decode still running forgets the K/V past its confirmed tokens."""
+        t0 = time.perf_counter()
+        for s in batch.seqs[: batch.num_decodes]:
+            if not s.is_finished:
+                self.kv.truncate(s, s.num_cached_tokens)
+        self.seconds["verify and the rest"] += time.perf_counter() - t0
 
     @property
     def tokens_per_call(self) -> float:
