@@ -1,0 +1,185 @@
+"""Lab 02's tests (the KV cache): what each test cell checks, task by task.
+
+Every test first turns your results into plain ints and lists (so an object that claims to equal anything cannot
+pass), fails if your code calls the course's own KV cache, backend or decoders (ANSWER_KEY below), and compares
+with the golden runs stored in data/golden/visible.json or with values derived from the formula the task states.
+The hidden tests run the same checks on configs and prompts you have not seen; where they need the reference's
+tokens, they only report yours, and the grader compares them outside your notebook.
+
+Task 1, kv_bytes_per_token (kv-bytes-visible, kv-bytes-hidden): the bytes one token adds to the cache, for bare
+  configs (only LlamaConfig's shape fields): the tiny target model, Llama-3-8B, and others with grouped-query and
+  multi-query attention, at several bytes per value. A wrong answer gets a guess at the mistake.
+Task 2, ContiguousKVCache (cache-visible, cache-hidden): the shapes and dtype of k and v; bytes_used and
+  bytes_reserved as properties; each write lands at [layer, start:start+n] and changes nothing else, not even
+  length; a write that does not fit raises ValueError before it writes anything.
+Task 3, CachedAttention (backend-visible, backend-hidden): positions() and advance(); then forward passes, fed the
+  golden tokens, of one sequence and of a batch mixing decodes and a prefill: the logits must match the golden
+  runs' within 1e-4. ContiguousKVCache is the course's while it runs. Hidden: a larger batch, each sequence on
+  its own tokens, until every one ends.
+Task 4, cached_decode (decode-visible, decode-steps-visible, decode-hidden): one visible run of each kind, token
+  for token, with the chosen tokens' logits and tokens processed = Lp + Lo - 1; the prompt fed once, then exactly
+  one token per step at its position; stopping right after the end-of-text token; max_tokens. Both classes are
+  the course's while it runs.
+Task 5, your engine (engine-visible, engine-hidden): LLM on your ContiguousKVCache and CachedAttention serves every
+  golden case, four requests at a time, token for token, feeding Lp + Lo - 1 tokens for each.
+
+Tasks 3-5 live in lab02_backend.py and lab02_decode.py, and what they all share (the answer key among it) in
+lab02_common.py: this file reloads them, and the test cells call every check from here, as lab.check_...
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from types import SimpleNamespace
+
+import torch
+
+from autograder import notebook_checks as checks
+from autograder.labs import lab02_backend, lab02_common, lab02_decode
+
+# pristine reloads only this module: the parts are reloaded here, shared part first, each time this one is.
+lab02_common = importlib.reload(lab02_common)
+lab02_backend, lab02_decode = importlib.reload(lab02_backend), importlib.reload(lab02_decode)
+from autograder.labs.lab02_backend import check_backend, report_backend  # noqa: E402, F401
+from autograder.labs.lab02_common import ANSWER_KEY, ENGINE_KEY, require_own_class  # noqa: E402, F401
+from autograder.labs.lab02_decode import (check_decode, check_decode_steps, check_engine, report_decode,  # noqa: E402, F401
+                                          report_engine)
+
+
+# ---------------------------------------------------------------- Task 1: kv_bytes_per_token
+
+def bare_config(layers, heads, kv_heads, head_dim):
+    """Only the shape fields of a config (LlamaConfig's names): no methods to lean on."""
+    return SimpleNamespace(num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                           head_dim=head_dim, hidden_size=heads * head_dim)
+
+
+def target_config():
+    """The tiny target model's shape, read from its config.json, as a bare config."""
+    with open(checks.TARGET / "config.json") as f:
+        tiny = json.load(f)
+    return bare_config(tiny["num_hidden_layers"], tiny["num_attention_heads"], tiny["num_key_value_heads"],
+                       tiny["hidden_size"] // tiny["num_attention_heads"])
+
+
+def kv_hint(got, c, bpv):
+    """A guess at the mistake behind a wrong answer, for the message."""
+    right = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * bpv
+    guesses = {right // bpv: " (multiply by bytes_per_value)",
+               right // c.num_key_value_heads * c.num_attention_heads: " (only the KV heads are stored: num_key_value_heads)",
+               right // 2: " (did you forget the factor 2: a key AND a value?)"}
+    return guesses.get(got, "") if got != right else ""
+
+
+def check_kv_bytes(kv_bytes_per_token, cases, hidden=False) -> None:
+    """cases: (what the config is, the config, bytes per value, the expected bytes per token)."""
+    checks.require_own(kv_bytes_per_token, "kv_bytes_per_token")
+    with checks.reference_forbidden("kv_bytes_per_token", forbidden=ANSWER_KEY):
+        for what, c, bpv, want in cases:
+            got = checks.as_count(kv_bytes_per_token(c, bpv), f"kv_bytes_per_token({what}, {bpv})")
+            assert got == want, (f"{'hidden case: ' if hidden else ''}kv_bytes_per_token for {what} at {bpv} bytes per "
+                                 f"value: expected {want:,}{'' if hidden else ' bytes per token'}, got {got:,}"
+                                 f"{kv_hint(got, c, bpv)}")
+
+
+# ---------------------------------------------------------------- Task 2: ContiguousKVCache
+
+def byte_count(cache, name):
+    value = getattr(cache, name)
+    assert not callable(value), f"cache.{name} should be a number: put @property above `def {name}(self)`"
+    return checks.as_count(value, f"cache.{name}")
+
+
+def expect_overflow(cache, layer, start, n, what):
+    """write() of n tokens at start must raise ValueError and leave the cache as it was."""
+    shape = (n,) + tuple(cache.k.shape[2:])
+    before_k, before_v = cache.k.clone(), cache.v.clone()
+    try:
+        cache.write(layer, start, torch.ones(shape, dtype=cache.k.dtype), torch.ones(shape, dtype=cache.v.dtype))
+    except ValueError:
+        pass
+    except Exception as e:
+        raise AssertionError(f"{what}: expected ValueError, got {type(e).__name__}: {e}") from None
+    else:
+        raise AssertionError(f"{what}: expected ValueError (the positions do not fit), but write() returned")
+    assert torch.equal(cache.k, before_k) and torch.equal(cache.v, before_v), (
+        f"{what}: raised ValueError, but only after writing part of the data; check before you write")
+
+
+def check_write(cache, layer, start, n, what):
+    """Write random K/V for n tokens; they must land at [layer, start:start+n], and nothing else may change."""
+    shape = (n,) + tuple(cache.k.shape[2:])
+    k_new, v_new = torch.randn(shape).to(cache.k.dtype), torch.randn(shape).to(cache.v.dtype)
+    before_k, before_v, before_len = cache.k.clone(), cache.v.clone(), cache.length
+    cache.write(layer, start, k_new, v_new)
+    assert torch.equal(cache.k[layer, start:start + n], k_new) and torch.equal(cache.v[layer, start:start + n], v_new), (
+        f"{what}: after write({layer}, {start}, k, v) with {n} tokens, cache.k[{layer}, {start}:{start + n}] and "
+        f"cache.v[{layer}, {start}:{start + n}] should hold k and v")
+    before_k[layer, start:start + n], before_v[layer, start:start + n] = k_new, v_new
+    assert torch.equal(cache.k, before_k) and torch.equal(cache.v, before_v), (
+        f"{what}: write({layer}, {start}, ...) of {n} tokens changed entries outside layer {layer}, "
+        f"positions {start}..{start + n - 1}")
+    assert cache.length == before_len, (
+        f"{what}: write() changed cache.length from {before_len} to {cache.length}; only the backend's advance() may")
+
+
+def check_cache_on_target(ContiguousKVCache) -> int:
+    """The target model's config, max_len=10, float32 by default: shapes, an empty cache, bytes_reserved; a prefill of
+    3 tokens into layer 2, one decode token after them, 3 tokens that exactly fill the last slots of the last layer;
+    bytes at length 4; two writes that do not fit. Then bf16 at max_len=6. Returns the bytes per position."""
+    require_own_class(ContiguousKVCache, "ContiguousKVCache")
+    with checks.reference_forbidden("ContiguousKVCache", forbidden=ANSWER_KEY):
+        c = checks.load_model().config
+        layers, kv_heads, head_dim = c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+        per_token = 2 * layers * kv_heads * head_dim * 4
+        cache = ContiguousKVCache(c, 10)
+        for name in ("k", "v"):
+            t = getattr(cache, name)
+            assert isinstance(t, torch.Tensor), f"cache.{name} should be a torch.Tensor, got {type(t).__name__}"
+            assert tuple(t.shape) == (layers, 10, kv_heads, head_dim), (
+                f"ContiguousKVCache(config, max_len=10).{name} should have shape [layers, max_len, kv_heads, head_dim] = "
+                f"{(layers, 10, kv_heads, head_dim)}, got {tuple(t.shape)}")
+            assert t.dtype == torch.float32, f"the default dtype should be torch.float32, got {t.dtype}"
+        assert checks.as_count(cache.max_len, "cache.max_len") == 10
+        assert checks.as_count(cache.length, "cache.length") == 0, f"a new cache should have length 0, got {cache.length}"
+        assert byte_count(cache, "bytes_used") == 0, f"an empty cache uses 0 bytes, got {cache.bytes_used}"
+        got = byte_count(cache, "bytes_reserved")
+        assert got == 10 * per_token, (f"bytes_reserved of a float32 cache of 10 positions: expected 10 x {per_token:,} "
+                                       f"= {10 * per_token:,} (K and V, all layers), got {got:,}")
+        for layer, start, n in ((2, 0, 3), (2, 3, 1), (layers - 1, 7, 3)):
+            check_write(cache, layer, start, n, "a float32 cache of max_len=10")
+        cache.length = 4
+        got = byte_count(cache, "bytes_used")
+        assert got == 4 * per_token, f"bytes_used with length=4: expected 4 x {per_token:,} = {4 * per_token:,}, got {got:,}"
+        assert byte_count(cache, "bytes_reserved") == 10 * per_token, "bytes_reserved must not depend on length"
+        expect_overflow(cache, 0, 8, 3, "write(layer=0, start=8, 3 tokens) into max_len=10 (positions 8, 9, 10)")
+        expect_overflow(cache, 0, 10, 1, "write(layer=0, start=10, 1 token) into max_len=10")
+        half = ContiguousKVCache(c, 6, dtype=torch.bfloat16)
+        assert half.k.dtype == half.v.dtype == torch.bfloat16, f"dtype=torch.bfloat16 should give bf16 tensors, got {half.k.dtype}"
+        got = byte_count(half, "bytes_reserved")
+        assert got == 6 * per_token // 2, (f"a bf16 cache stores 2 bytes per value: bytes_reserved for 6 positions should be "
+                                           f"{6 * per_token // 2:,}, got {got:,}")
+    return per_token
+
+
+def check_cache(ContiguousKVCache, config, max_len, dtype, bytes_per_value, writes, overflows, lengths, what,
+                hidden=False) -> None:
+    """A cache of `max_len` positions in `dtype` for a bare config: shapes, bytes_reserved, each write
+    (layer, start, n tokens), each overflow (a write that does not fit), bytes_used at each length."""
+    require_own_class(ContiguousKVCache, "ContiguousKVCache")
+    with checks.reference_forbidden("ContiguousKVCache", forbidden=ANSWER_KEY):
+        cache = ContiguousKVCache(config, max_len, dtype=dtype)
+        shape = (config.num_hidden_layers, max_len, config.num_key_value_heads, config.head_dim)
+        assert tuple(cache.k.shape) == tuple(cache.v.shape) == shape and cache.k.dtype == dtype, (
+            f"{what}: expected k and v of shape {shape} and dtype {dtype}, got {tuple(cache.k.shape)} {cache.k.dtype}")
+        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * bytes_per_value
+        assert byte_count(cache, "bytes_reserved") == max_len * per_token, f"{what}: bytes_reserved should be {max_len * per_token}"
+        for layer, start, n in writes:
+            check_write(cache, layer, start, n, what)
+        for layer, start, n in overflows:
+            expect_overflow(cache, layer, start, n, f"{what}: write {f'of {n} tokens ' if n > 1 else ''}at start={start}")
+        for length in lengths:
+            cache.length = length
+            assert byte_count(cache, "bytes_used") == length * per_token, (  # a hidden message also says what it got
+                f"{what}: bytes_used at length={length} should be {length * per_token}"
+                + (f", got {cache.bytes_used}" if hidden else ""))
