@@ -1,7 +1,7 @@
 """``feedback``: one HTML page per graded student, built from an allow-list of what a student may see.
 
 A page holds the score, and per test cell its points, status and the message the
-grader kept (``grading.safe_message``: a visible test's own message, the grader's
+grader kept (``messages.safe_message``: a visible test's own message, the grader's
 words for a hidden one, never a hidden input), plus the grader's notes.  It is made
 from the results the trusted grader wrote (course/autograded/<student>/<lab>/result.json),
 not from the executed notebook: nothing a submission printed reaches the page unless

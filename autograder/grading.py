@@ -15,12 +15,10 @@ For every submission:
 """
 from __future__ import annotations
 
-import builtins
 import contextlib
 import dataclasses
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -31,11 +29,11 @@ from pathlib import Path
 
 from . import bubblewrap, environment, hidden_spec, layout, release, results, submissions
 from .config import COURSE_ID, nbgrader_api, succeeded
-from .execute import KERNEL_DIED, NOT_RUN
+from .messages import (DIED, hidden_secrets, judge_hidden_outputs, notes_from_log, notes_from_outputs,
+                       notes_from_submission, redact, safe_message)
+from .processes import kill_tree, leftover_processes
 from .results import CORRUPT, ERROR, MISSING, TIMED_OUT, StudentResult, TestCell
 
-KERNEL_DIED_NAMES = (KERNEL_DIED, NOT_RUN)
-DIED = "grading process died"
 
 DEFAULT_TIMEOUT = 60     # seconds per cell
 DEFAULT_MEMORY_GB = 6.0  # address space per kernel; torch alone reserves a few GB of it
@@ -91,82 +89,6 @@ def write_hidden_inputs(run_dir: Path, hidden: dict[str, dict]) -> Path:
     return folder
 
 
-# ------------------------------------------------------------------ what a student may read (an allow-list)
-
-# Exception names a message may show: Python's own, and the tests' own.  A submission's exception class could
-# carry any name, a hidden input included.
-SHOWN_ERRORS = {name for name, obj in vars(builtins).items() if isinstance(obj, type) and issubclass(obj, BaseException)}
-SHOWN_ERRORS |= {"ReferenceCalled", "CellTimeoutError"}
-# A hidden test's own messages start like this; anything else in a hidden cell came from the student's code,
-# and could carry the hidden inputs it was given.
-HIDDEN_TEST_PREFIXES = ("hidden case ", "hidden hand-made case", "your engine", "hidden, pass ")
-WITHHELD = "[withheld: it quoted a hidden input]"
-
-
-def hidden_secrets(golden: dict[str, dict]) -> list[str]:
-    """Strings that would give a hidden input away: prompt texts and their token id lists."""
-    found = set()
-    for data in golden.values():
-        for section in hidden_spec.SECTIONS:
-            for case in data.get(section, []):
-                if len(case.get("prompt", "")) >= 8:
-                    found.add(case["prompt"])
-                    found.add(repr(case["prompt"])[1:-1])
-                ids = case.get("prompt_token_ids", [])
-                if len(ids) >= 3:
-                    found.add(", ".join(map(str, ids[:3])))
-                    found.add(" ".join(map(str, ids[:3])))
-    return sorted(found, key=len, reverse=True)
-
-
-def redact(text: str, secrets: list[str]) -> str:
-    return WITHHELD if any(s in text for s in secrets) else text
-
-
-def safe_message(test: results.TestResult, cell, secrets: list[str]) -> str:
-    """The message a student may see for a test: the grader's or the test's own words, never a hidden input."""
-    errors = [o for o in (cell.get("outputs", []) if cell is not None else []) if o.get("output_type") == "error"]
-    if errors and errors[0].get("ename") in KERNEL_DIED_NAMES:
-        return f"{DIED}: {errors[0].get('evalue')}"  # the grader's own words (autograder.execute)
-    if not test.hidden or test.status in (results.PASSED, results.TIMED_OUT, results.MISSING, results.CORRUPT):
-        return redact(test.message, secrets)
-    if errors and errors[0].get("ename") == "AssertionError" and test.message.startswith(HIDDEN_TEST_PREFIXES):
-        return redact(test.message, secrets)
-    if not errors:
-        return f"{test.status} on hidden inputs"
-    ename = errors[0].get("ename")
-    return f"{test.status} on hidden inputs: your code raised {ename if ename in SHOWN_ERRORS else 'an exception'}"
-
-
-def judge_hidden_outputs(test: results.TestResult, cell, info: LabInfo) -> results.TestResult:
-    """A hidden test that passed in the kernel passes only if its reported outputs match the golden ones."""
-    key = (info.lab.name, test.test)
-    if key not in hidden_spec.SPECS or test.status != results.PASSED:
-        return test
-    payloads = [o["data"][hidden_spec.MIME] for o in cell.get("outputs", [])
-                if o.get("output_type") in ("display_data", "execute_result") and hidden_spec.MIME in o.get("data", {})]
-    ok, message = hidden_spec.judge(info.lab.name, test.test, payloads, info.golden)
-    if ok:
-        return test
-    return dataclasses.replace(test, points=0.0, status=results.FAILED, message=message)
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """The worker and everything it started: kernels run in sessions of their own."""
-    import psutil
-
-    try:
-        procs = psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-
-
 def _scores(db: Path, lab: str, student: str) -> dict[str, float | None]:
     from nbgrader.api import Gradebook, MissingEntry
 
@@ -175,77 +97,6 @@ def _scores(db: Path, lab: str, student: str) -> dict[str, float | None]:
             return {g.name: g.auto_score for g in gb.find_submission_notebook(lab, lab, student).grades}
     except MissingEntry:
         return {}
-
-
-CHANGED = re.compile(r"Attribute '(\w+)' for cell (\S+) has changed! \(should be: (.*?), got: (.*?)\)")
-
-
-def notes_from_submission(nb, info: LabInfo) -> list[str]:
-    """Test cells whose source differs from the released one (nbgrader restores them before running).
-
-    nbgrader's own checksum warning fires for every cell with hidden tests (autograder/README.md,
-    nbgrader fact 3), so the comparison is with the released source instead.
-    """
-    notes = []
-    for t in results.test_cells(nb):
-        if t.grade_id in info.originals and t.source not in info.originals[t.grade_id]:
-            notes.append(f"test cell {t.grade_id} was edited; the grader ran the original")
-    return notes
-
-
-def notes_from_log(log: str) -> list[str]:
-    """What else nbgrader's OverwriteCells undid: raised points, a changed cell type."""
-    notes = []
-    for attr, cell, should, got in CHANGED.findall(log):
-        if attr == "checksum":
-            continue  # see notes_from_submission
-        elif attr == "points":
-            notes.append(f"the points of {cell} were changed to {got}; the grader used {should}")
-        else:
-            notes.append(f"the {attr} of cell {cell} was changed to {got}; the grader used {should}")
-    return list(dict.fromkeys(notes))
-
-
-def notes_from_outputs(nb, test_ids: set[str], timeout: int) -> list[str]:
-    """Events in cells other than test cells that explain the test results: timeouts, exits, crashes."""
-    notes = []
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in test_ids:
-            continue
-        label = f"cell {index}" + (f" ({gid})" if gid else "")
-        if results.timed_out(cell):
-            notes.append(f"{label} {results.timeout_message(timeout)}")
-            continue
-        for o in cell.get("outputs", []):
-            if o.get("output_type") != "error":
-                continue
-            ename = o.get("ename")
-            if ename in ("SystemExit", "MemoryError", "DeadKernelError"):
-                notes.append(f"{label}: {results.describe_error(ename, o.get('evalue'), 160)}")
-            else:  # the name only, from the built-ins: a student's own exception class could carry text
-                notes.append(f"{label} raised {ename if ename in SHOWN_ERRORS else 'an exception'}; "
-                             f"the cells after it ran all the same")
-            break
-    return notes
-
-
-def leftover_processes(uid: int) -> int:
-    """Kill whatever still runs as a student's uid (nothing should: the sandbox's PID namespace ends with it)."""
-    import psutil
-
-    left = []
-    for p in psutil.process_iter(["uids"]):
-        try:
-            if p.info["uids"] and p.info["uids"].real == uid:
-                p.kill()
-                left.append(p)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=10)
-    return len(left)
 
 
 def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float,
@@ -295,7 +146,7 @@ def _grade_one(sub, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float
         out, err = proc.communicate(timeout=time_limit)
         capped = False
     except subprocess.TimeoutExpired:
-        _kill_tree(proc)
+        kill_tree(proc)
         out, err = proc.communicate()
         capped = True
     stray = leftover_processes(uid) if uid is not None else 0
