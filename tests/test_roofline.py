@@ -19,6 +19,7 @@ import json
 import pytest
 
 from miniengine.cost import roofline
+from miniengine.course.commands import roofline as roofline_command
 from miniengine.model import Llama, LlamaConfig
 from miniengine.cost.roofline import GPU, GPUS, CostModel, llama3_8b, llama3_70b
 
@@ -345,19 +346,19 @@ def test_course_models_are_looked_up_lazily(tmp_path, monkeypatch):
         roofline.get_model_config("draft")
 
 
-# ---------------------------------------------------------------- CLI
+# ---------------------------------------------------------------- CLI (miniengine/course/commands/roofline.py)
 
 
 def parse(*argv):
     parser = argparse.ArgumentParser()
-    roofline.add_arguments(parser)
+    roofline_command.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
 def test_cli_json_has_the_documented_keys(capsys):
     args = parse("--model", "llama3-8b", "--gpu", "H100", "--phase", "decode", "--batch", "64",
                  "--context", "1024", "--json")
-    assert roofline.run(args) == 0
+    assert roofline_command.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"params", "flops", "bytes", "step_time_s", "time_per_token_s", "bound", "mfu",
                         "kv_bytes_per_token", "kv_capacity_tokens", "max_batch"}
@@ -366,7 +367,7 @@ def test_cli_json_has_the_documented_keys(capsys):
 
 
 def test_cli_table(capsys):
-    assert roofline.run(parse("--phase", "prefill", "--context", "2048", "--gpu", "a100-80gb")) == 0
+    assert roofline_command.run(parse("--phase", "prefill", "--context", "2048", "--gpu", "a100-80gb")) == 0
     text = capsys.readouterr().out
     assert "step time" in text and "compute-bound" in text and "A100-80GB" in text
 
@@ -384,13 +385,13 @@ def test_cli_table(capsys):
 ])
 def test_cli_bad_values_raise_value_error_naming_the_flag(argv, flag):
     with pytest.raises(ValueError) as err:
-        roofline.run(parse(*argv))
+        roofline_command.run(parse(*argv))
     message = str(err.value)
     assert flag in message and "\n" not in message
 
 
 def test_cli_unknown_names_list_the_choices():
     with pytest.raises(ValueError, match="H100.*H200.*A100-80GB.*T4"):
-        roofline.run(parse("--gpu", "V100"))
+        roofline_command.run(parse("--gpu", "V100"))
     with pytest.raises(ValueError, match="llama3-8b.*llama3-70b.*target.*draft"):
-        roofline.run(parse("--model", "gpt-5"))
+        roofline_command.run(parse("--model", "gpt-5"))

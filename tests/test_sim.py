@@ -294,7 +294,9 @@ def test_a_cost_model_built_from_three_functions_prices_the_same_timeline():
 
 @functools.lru_cache(maxsize=None)
 def five_seeds():
-    return sim.compare_policies(H100_8B, rate=1.0, seeds=range(5), n_requests=300, slo=CHAT_SLO)
+    from miniengine.course.commands.simulate import compare_policies  # the `simulate` command's comparison
+
+    return compare_policies(H100_8B, rate=1.0, seeds=range(5), n_requests=300, slo=CHAT_SLO)
 
 
 def test_continuous_batching_beats_static_batching_in_goodput_over_five_seeds():

@@ -68,7 +68,7 @@ def cmd_info(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from miniengine.course import bench, golden, modelcard, train
-    from miniengine.cost import roofline
+    from miniengine.course.commands import disagg, roofline, simulate
 
     parser = _Parser(prog="python -m miniengine", description="The course's mini LLM inference engine.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -109,11 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     rf.set_defaults(func=roofline.run)
 
     bench.add_arguments(sub.add_parser("bench", help="benchmarks: tables of medians and ratios measured in one run"))
-    from miniengine.serving import simulator as sim
-
-    sim.add_arguments(sub.add_parser("simulate", help="batch-1, static and continuous batching on the paper GPU, over seeds"))
-    from miniengine.serving import disagg
-
+    simulate.add_arguments(sub.add_parser("simulate", help="batch-1, static and continuous batching on the paper GPU, over seeds"))
     disagg.add_arguments(sub.add_parser("disagg", help="colocated vs prefill/decode-split GPUs on the paper GPU"))
     return parser
 

@@ -31,8 +31,8 @@ Exactness.  An all-reduce adds the ranks' partial sums of the row-parallel matmu
 summation order than one matmul over the whole row, so float32 logits differ from the unsharded run
 in the last bits: at most 7.6e-6 on the visible golden cases (float64: 3e-14), which
 ``python -m miniengine bench tp`` measures.  The golden prompts are screened so that no decision is
-within GAP = 1e-3 of a tie (miniengine/course/golden.py), over a hundred times that difference (sampled steps
-divide the logits by the temperature first, which scales it by at most 1/0.7 here), so the tokens stay
+within GAP = 1e-3 of a tie (miniengine/course/golden/screening.py), over a hundred times that difference (sampled
+steps divide the logits by the temperature first, which scales it by at most 1/0.7 here), so the tokens stay
 exact.
 
 The all-reduce itself, and the plug points that replace it, are in :mod:`miniengine.distributed.comm`;

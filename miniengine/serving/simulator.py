@@ -1,4 +1,4 @@
-"""Workloads and a discrete-event simulator that drives the engine's own scheduler on the paper GPU's clock.
+"""A discrete-event simulator that drives the engine's own scheduler on the paper GPU's clock.
 
 Correctness comes from running the real (tiny) model; speed comes from this
 simulator.  It never sleeps: the clock jumps from one event to the next (an
@@ -16,10 +16,12 @@ step it ends, exactly as in the real engine.  Only the simulator knows output
 lengths in advance.
 
 The pieces:
-- ``chat_workload``: requests with Poisson arrivals and long-tailed (lognormal)
-  prompt and output lengths, seeded.
+- ``chat_workload`` (:mod:`miniengine.serving.workloads`, importable from here too): requests with
+  Poisson arrivals and long-tailed (lognormal) prompt and output lengths, seeded.
 - ``simulate``: runs the event loop and fills each request's ``RequestTimeline``.
 - ``sweep``: the same workload at many arrival rates, for the hockey-stick plots.
+The policy comparison over seeds behind ``python -m miniengine simulate`` is course tooling
+(:mod:`miniengine.course.commands.simulate`).
 
 A cost model is any object with ``forward(new_tokens, context).step_time_s``
 (one ragged forward: sequence i feeds new_tokens[i] tokens on top of context[i]
@@ -37,79 +39,21 @@ import numpy as np
 from miniengine.engine.policy import ContinuousBatching, FCFSPolicy, StaticBatching
 from miniengine.engine.scheduler import ScheduledBatch, Scheduler
 from miniengine.engine.sequence import Sequence
-from miniengine.serving.metrics import SLO, RequestTimeline, duration, summarize
 from miniengine.sampling import SamplingParams
+from miniengine.serving.metrics import SLO, RequestTimeline, duration, summarize
+from miniengine.serving.workloads import SimRequest, chat_workload, lognormal_lengths
+
+__all__ = [
+    # this module: the simulated model, the event loop and the rate sweep
+    "EOS", "OTHER", "NO_LIMIT", "CostModelFromFunctions", "FCFS", "UnlimitedKV", "SimResult", "simulate", "sweep",
+    # the workloads it serves (miniengine.serving.workloads)
+    "SimRequest", "lognormal_lengths", "chat_workload",
+    # the engine's policies, which the simulator runs as they are (miniengine.engine.policy)
+    "FCFSPolicy", "StaticBatching", "ContinuousBatching",
+]
 
 EOS, OTHER = 0, 1  # the simulated model's tokens: end-of-text, and anything else
 NO_LIMIT = 1 << 40  # a real server caps max_tokens; the simulated requests stop by end-of-text alone
-
-
-# ---------------------------------------------------------------- workload
-
-
-@dataclasses.dataclass
-class SimRequest:
-    """A request and its progress: how many of its tokens are in the KV cache, and its timeline."""
-
-    id: int
-    arrival: float
-    prompt_len: int
-    output_len: int
-    cached: int = 0  # tokens whose K/V are in the cache
-    timeline: RequestTimeline = None
-    seq: Sequence | None = None  # the engine's view of it: what the scheduler and policy see
-
-    def __post_init__(self):
-        if self.prompt_len < 1 or self.output_len < 1:
-            raise ValueError(f"prompt_len and output_len must be >= 1, got {self.prompt_len} and {self.output_len}")
-        if self.timeline is None:
-            self.timeline = RequestTimeline(self.arrival, self.prompt_len, request_id=self.id)
-
-    @property
-    def generated(self) -> int:
-        return self.timeline.output_tokens
-
-    @property
-    def remaining(self) -> int:
-        return self.output_len - self.generated
-
-    @property
-    def done(self) -> bool:
-        return self.remaining == 0
-
-
-def lognormal_lengths(rng: np.random.Generator, mean: float, sigma: float, n: int) -> np.ndarray:
-    """Integer lengths >= 1 whose distribution has the given *mean* (not median).
-
-    A lognormal's mean is exp(mu + sigma^2 / 2), so mu = ln(mean) - sigma^2 / 2; the
-    median, exp(mu), sits well below the mean, which is what makes the tail long.
-    """
-    mu = math.log(mean) - sigma**2 / 2
-    return np.maximum(1, np.rint(rng.lognormal(mu, sigma, n))).astype(int)
-
-
-def chat_workload(n: int, rate: float, seed: int = 0, prompt_mean: float = 512, output_mean: float = 256,
-                  sigma: float = 1.0) -> list[SimRequest]:
-    """``n`` chat-like requests arriving as a Poisson process of ``rate`` requests/s.
-
-    Lengths follow a typical chat workload: lognormal with means 512 (prompt) and
-    256 (output).  sigma = 1 gives median outputs of about 155 tokens and a P99 near
-    1,600: a few requests generate more than a thousand tokens and hold a batch-1
-    GPU for ten seconds or more, the head-of-line blocking the lecture is about.
-
-    The lengths and the *shape* of the arrival gaps depend only on ``seed``; ``rate``
-    only rescales the gaps.  A sweep over rates therefore replays the same requests
-    faster or slower (common random numbers), and its curves come out smooth.
-    """
-    if not rate > 0:
-        raise ValueError(f"rate must be > 0 requests/s, got {rate!r}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1 requests, got {n!r}")
-    rng = np.random.default_rng(seed)
-    prompts = lognormal_lengths(rng, prompt_mean, sigma, n)
-    outputs = lognormal_lengths(rng, output_mean, sigma, n)
-    arrivals = np.cumsum(rng.standard_exponential(n)) / rate
-    return [SimRequest(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
 
 
 class CostModelFromFunctions:
@@ -290,64 +234,3 @@ def sweep(rates: Seq[float], make_policy: Callable[[], object], model, *,
                      "utilization": result.utilization, "seat_waste": result.seat_waste})
     return rows
 
-
-COMPARED = ("throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
-            "itl_p50_s", "itl_p90_s", "itl_p99_s", "slo_attainment", "goodput_req_s")
-
-
-def compare_policies(model, rate: float, seeds=range(5), n_requests: int = 300, slo: SLO = SLO(),
-                     static_batch: int = 32, max_num_seqs: int = 256, **workload) -> dict:
-    """Batch-1 FCFS, static and continuous batching on the same seeded workloads, one per seed.
-
-    Returns {policy: {metric: array of one value per seed}}: average them, and look at their spread.
-    """
-    policies = {"batch-1 FCFS": FCFS, f"static B={static_batch}": lambda: StaticBatching(static_batch),
-                f"continuous ({max_num_seqs} seats)": ContinuousBatching}
-    out = {name: {m: [] for m in COMPARED} for name in policies}
-    for seed in seeds:
-        for name, make in policies.items():
-            run = simulate(chat_workload(n_requests, rate, seed, **workload), make(), model, max_num_seqs=max_num_seqs)
-            row = summarize(run.timelines, slo)
-            for m in COMPARED:
-                out[name][m].append(row[m])
-    return {name: {m: np.array(v) for m, v in rows.items()} for name, rows in out.items()}
-
-
-def compare_table(results: dict) -> str:
-    """mean ± standard deviation [min, max] over seeds, one column per policy; latencies in ms."""
-    names = list(results)
-    lines = [f"{'metric':<20}" + "".join(f"{n:>40}" for n in names)]
-    for m in COMPARED:
-        latency = m.startswith(("ttft", "tpot", "itl"))
-        scale, label = (1e3, m[:-2] + " (ms)") if latency else (1.0, m)
-        cells = []
-        for n in names:
-            v = results[n][m] * scale
-            cells.append(f"{v.mean():.4g} ± {v.std():.2g} [{v.min():.4g}, {v.max():.4g}]")
-        lines.append(f"{label:<20}" + "".join(f"{c:>40}" for c in cells))
-    return "\n".join(lines)
-
-
-def run_compare(args) -> int:
-    """``python -m miniengine simulate``: the three policies on the paper GPU, averaged over seeds."""
-    from miniengine.cost.roofline import GPUS, CostModel, llama3_8b
-
-    model = CostModel(llama3_8b(), GPUS[args.gpu])
-    slo = SLO(ttft_s=args.ttft, tpot_s=args.tpot)
-    results = compare_policies(model, args.rate, range(args.seeds), args.requests, slo, args.static_batch, args.max_num_seqs)
-    print(f"simulated: Llama-3-8B on a paper {args.gpu}, {args.requests} chat requests at {args.rate}/s, "
-          f"SLO TTFT <= {args.ttft} s and TPOT <= {1e3 * args.tpot:.0f} ms, {args.seeds} seeds: mean ± std [min, max]")
-    print(compare_table(results))
-    return 0
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--rate", type=float, default=1.0, help="arrivals per second")
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--requests", type=int, default=300)
-    p.add_argument("--gpu", default="H100", choices=["H100", "H200", "A100-80GB", "T4"])
-    p.add_argument("--ttft", type=float, default=1.0, help="SLO on time to first token, seconds")
-    p.add_argument("--tpot", type=float, default=0.05, help="SLO on time per output token, seconds")
-    p.add_argument("--static-batch", type=int, default=32)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.set_defaults(func=run_compare)

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+
 def lecture03_config():
     from miniengine.model import LlamaConfig
 
@@ -134,3 +135,8 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, default=50, help="timed steps per measurement (median)")
     p.add_argument("--new-tokens", type=int, default=256, help="tokens of the tiny model's batch-1 run")
     p.set_defaults(func=run)
+
+
+def register(sub) -> None:
+    """Adds ``bench gpu`` and its flags to the ``bench`` sub-commands."""
+    add_arguments(sub.add_parser("gpu", help="on a CUDA GPU: eager against CUDA-graph decode steps, and the cost model"))

@@ -1,0 +1,44 @@
+"""The code's layout holds: imports point the way pyproject.toml's import-linter contracts say, and files stay small.
+
+* The engine (everything in miniengine/ outside miniengine.course) imports neither course tooling nor the
+  autograder, and the float64 reference imports no engine module: `lint-imports` checks the contracts in
+  pyproject.toml ([tool.importlinter]), indirect imports included.
+* No Python file in miniengine/ or autograder/ is longer than MAX_LINES: one concept per file.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from miniengine.paths import REPO_ROOT
+
+MAX_LINES = 300
+
+
+def test_import_contracts_hold():
+    lint = Path(sys.executable).with_name("lint-imports")
+    assert lint.exists(), (f"{lint} is missing: install the test extra (.venv/bin/python -m pip install -c "
+                           "constraints.txt -e '.[test]'), which brings import-linter")
+    r = subprocess.run([str(lint), "--no-cache"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (f"an import-linter contract of pyproject.toml is broken (exit {r.returncode}); "
+                               f"lint-imports says:\n{r.stdout}{r.stderr}")
+
+
+def _python_files(*folders: str) -> list[str]:
+    """Files under ``folders`` that git tracks or would track (new, not ignored), ending in .py."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *folders],
+                             cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise AssertionError(f"needs the course's git repository to tell course files from local ones ({e})") from None
+    return sorted({f for f in out.split("\0") if f.endswith(".py") and (REPO_ROOT / f).is_file()})
+
+
+def test_no_python_file_is_longer_than_the_limit():
+    files = _python_files("miniengine", "autograder")
+    assert files, "found no Python files under miniengine/ and autograder/"
+    counts = {f: len((REPO_ROOT / f).read_text(encoding="utf-8").splitlines()) for f in files}
+    offenders = {f: n for f, n in counts.items() if n > MAX_LINES}
+    assert not offenders, (f"over {MAX_LINES} lines (split each by concept):\n"
+                           + "\n".join(f"  {f}: {n} lines" for f, n in sorted(offenders.items(), key=lambda x: -x[1])))
