@@ -267,6 +267,20 @@ def test_the_simulator_checks_its_policy_through_the_scheduler():
         sim.simulate(sim.chat_workload(2, 1.0), StudentPolicy(), None)
 
 
+def test_the_simulator_checks_its_cost_model():
+    from miniengine.serving import simulator as sim
+
+    class StudentCostModel:
+        def forward(self, new_tokens):
+            return None
+
+    with pytest.raises(PlugError, match=r"^model: StudentCostModel.forward takes \(new_tokens\), but the engine calls "
+                                        r"forward\(new_tokens, context\) \(Lab 03\)$"):
+        sim.simulate(sim.chat_workload(2, 1.0), sim.FCFS(), StudentCostModel())
+    with pytest.raises(PlugError, match=r"^model: object has no forward\(new_tokens, context\) \(Lab 03\)$"):
+        sim.simulate(sim.chat_workload(2, 1.0), sim.FCFS(), object())
+
+
 def test_the_shortcuts_stay():
     EngineConfig(kv_layout="contiguous", quantization="int8", enable_chunked_prefill=True)
     EngineConfig(speculative_model="draft", num_speculative_tokens=2, speculative_verifier="rejection")

@@ -36,9 +36,11 @@ from typing import Callable, Sequence as Seq
 
 import numpy as np
 
+from miniengine import plugs
 from miniengine.engine.policy import ContinuousBatching, FCFSPolicy, StaticBatching
 from miniengine.engine.scheduler import ScheduledBatch, Scheduler
 from miniengine.engine.sequence import Sequence
+from miniengine.plug_check import check
 from miniengine.sampling import SamplingParams
 from miniengine.serving.metrics import SLO, RequestTimeline, duration, summarize
 from miniengine.serving.workloads import SimRequest, chat_workload, lognormal_lengths
@@ -198,7 +200,8 @@ def simulate(requests: Seq[SimRequest], policy, model, max_num_seqs: int = 256,
     """Serves ``requests`` (fresh ones: their state is filled in) with the engine's scheduler running
     ``policy``, on ``model``'s clock.  ``max_num_seqs`` caps the batch unless the policy brings its own;
     ``chunk_prefill`` is the scheduler's chunking rule (None: every prompt in one step)."""
-    loop = _Loop(requests, policy, model, max_num_seqs, max_num_batched_tokens, chunk_prefill)
+    loop = _Loop(requests, policy, model, max_num_seqs, max_num_batched_tokens, chunk_prefill)  # checks the policy
+    check("model", model, plugs.ForwardCostModel)  # the clock is a plug point (Lab 03): say what it lacks
     previous = None
     while True:
         loop.admit_arrivals()
