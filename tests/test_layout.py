@@ -42,3 +42,26 @@ def test_no_python_file_is_longer_than_the_limit():
     offenders = {f: n for f, n in counts.items() if n > MAX_LINES}
     assert not offenders, (f"over {MAX_LINES} lines (split each by concept):\n"
                            + "\n".join(f"  {f}: {n} lines" for f, n in sorted(offenders.items(), key=lambda x: -x[1])))
+
+
+MAX_TEST_CELL_LINES = 60
+
+
+def test_lab_test_cells_state_cases_and_call_their_harness():
+    """A test cell is read as a specification: its cases and a call into autograder/labs/labNN.py, on one screen."""
+    import json
+
+    too_long, no_harness = {}, []
+    for path in sorted((REPO_ROOT / "labs").glob("*/*.ipynb")):
+        lab = path.name[:5]
+        for cell in json.loads(path.read_text())["cells"]:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if not meta.get("grade") or meta.get("solution"):
+                continue
+            source = "".join(cell["source"])
+            if len(source.splitlines()) > MAX_TEST_CELL_LINES:
+                too_long[f"{path.name}:{meta['grade_id']}"] = len(source.splitlines())
+            if f'pristine("{lab}")' not in source:
+                no_harness.append(f"{path.name}:{meta['grade_id']}")
+    assert not too_long, f"test cells over {MAX_TEST_CELL_LINES} lines (move the checks into the harness): {too_long}"
+    assert not no_harness, f"test cells that do not load their lab's harness with pristine(): {no_harness}"
