@@ -3,16 +3,43 @@
 For every lab: the source notebook (the solution) must get full marks with
 every cell running without an error, the released stub must get zero, and
 every hidden test must fail on the stub (a hidden test that passes on the stub
-checks nothing).  Both are graded by the
+checks nothing).  A lab with a design part (autograder/design/) is graded a third time, with the course's
+baseline swapped in where the student's part goes: each design test the lab names must fail on it (a
+threshold the baseline meets has no power).  All are graded by the
 real ``grade`` pipeline, in private courses that leave course/gradebook.db alone.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
 
-from . import environment, grading, layout, release, results
+from . import design, environment, grading, layout, release, results
+
+
+def baseline_notebook(lab: layout.Lab, module) -> dict:
+    """The solution notebook with each cell of ``module.BASELINE`` (by grade id) replaced by the baseline's source."""
+    nb = json.loads(lab.source.read_text(encoding="utf-8"))
+    todo = dict(module.BASELINE)
+    for cell in nb["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in todo:
+            cell["source"] = todo.pop(gid)
+    if todo:
+        raise layout.LabError(f"{module.__name__}.BASELINE names cells {lab.name} does not have: {', '.join(todo)}")
+    return nb
+
+
+def baseline_problems(module, baseline: results.StudentResult) -> list[str]:
+    by = {t.test: t for t in baseline.tests}
+    found = []
+    for gid in module.MUST_FAIL:
+        if gid not in by:
+            found.append(f"{module.__name__}.MUST_FAIL names {gid}, which is not a test cell of the lab")
+        elif by[gid].status == results.PASSED:
+            found.append(f"the baseline ({module.BASELINE_NAME}) passes {gid}: its threshold has no power")
+    return found
 
 
 def problems_of(lab: layout.Lab, solution: results.StudentResult, stub: results.StudentResult) -> list[str]:
@@ -42,6 +69,7 @@ def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
     labs = layout.find_labs(names)
     for lab in labs:
         release.generate(lab)
+    designs = {lab.name: design.for_lab(lab.name) for lab in labs}
     layout.COURSE.joinpath("tmp").mkdir(parents=True, exist_ok=True)
     folder = tempfile.mkdtemp(prefix="verify-", dir=layout.COURSE / "tmp")
     try:
@@ -50,6 +78,10 @@ def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
                 dest = Path(folder) / who / lab.name / f"{lab.name}.ipynb"
                 dest.parent.mkdir(parents=True)
                 shutil.copyfile(src, dest)
+            if designs[lab.name] is not None:
+                dest = Path(folder) / "baseline" / lab.name / f"{lab.name}.ipynb"
+                dest.parent.mkdir(parents=True)
+                dest.write_text(json.dumps(baseline_notebook(lab, designs[lab.name]), indent=1), encoding="utf-8")
         graded = grading.grade(folder, workers=workers, timeout=timeout, merge_into_course=False)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -63,6 +95,13 @@ def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
         summary = (f"{lab.name}: solution {solution.score:g}/{solution.max_score:g} in {solution.seconds:.1f} s, "
                    f"stub {stub.score:g}/{stub.max_score:g}, "
                    f"{hidden} hidden test cell{'s' * (hidden != 1)} failing on the stub")
+        module = designs[lab.name]
+        if module is not None:
+            baseline = by[("baseline", lab.name)]
+            found += baseline_problems(module, baseline)
+            design_points = sum(t.max_points for t in solution.tests if t.test.startswith("design-"))
+            summary += (f", design {design_points:g} points, baseline ({module.BASELINE_NAME}) "
+                        f"{baseline.score:g}/{baseline.max_score:g} failing {', '.join(module.MUST_FAIL)}")
         if found:
             status = 1
             print(f"{summary}: NOT SOUND")
