@@ -51,6 +51,39 @@ def test_lab03_engine_expectations_match_the_course_cost_model(name):
         assert got[key] == pytest.approx(want[key], rel=1e-8), (name, key)
 
 
+def test_lab03_numbers_match_the_course_cost_model():
+    """Lab 03's hidden "numbers you derive" values, computed here with the course's counting and cost model."""
+    from miniengine.cost import counting
+
+    found = {}
+    for cell in json.loads(LAB03.read_text())["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id", "").startswith("numbers-") and "HIDDEN" in "".join(cell["source"]):
+            for node in ast.walk(ast.parse("".join(cell["source"]))):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "check_answer_values":
+                    found.update({k: v[1] for k, v in ast.literal_eval(node.args[1]).items()})
+    mha, h100 = dataclasses.replace(LLAMA3_8B, num_key_value_heads=32), GPUS["H100"]
+
+    def limit(cfg, ctx):  # what one more decode sequence adds: FLOPs over bytes
+        one, two = counting.decode_cost(cfg, 1, ctx), counting.decode_cost(cfg, 2, ctx)
+        return (two.flops - one.flops) / (two.bytes - one.bytes)
+
+    model = CostModel(LLAMA3_8B, h100)
+    bound = lambda b, ctx: model.decode(b, ctx).bound == "compute"
+    l70 = counting.llama3_70b()
+    spec, one = counting.forward_cost(LLAMA3_8B, [5], [1024], logits="all"), counting.forward_cost(LLAMA3_8B, [1], [1024])
+    want = {"decode_intensity_limit": limit(LLAMA3_8B, 1024), "decode_intensity_limit_mha": limit(mha, 1024),
+            "compute_bound_batch_128": next(b for b in range(1, 1000) if bound(b, 128)),
+            "compute_bound_batch_1024": None,  # the limit is under the ridge point with the efficiencies:
+            "spec_extra_bytes": spec.bytes - one.bytes,
+            "spec_time_ratio": model.step_time(spec) / model.step_time(one),
+            "max_batch_70b_int4": CostModel(l70, h100, bytes_per_param=0.5).max_batch(4096),
+            "kv_bytes_70b_mha": counting.kv_bytes_per_token(dataclasses.replace(l70, num_key_value_heads=64))}
+    assert limit(LLAMA3_8B, 1024) < model.effective_ridge_point and not bound(100_000, 1024)
+    assert set(found) == set(want)
+    for name, value in want.items():
+        assert found[name] == (None if value is None else pytest.approx(value, rel=1e-12)), name
+
+
 # Lab 04's simulator tests compare a serving run with the student's ContinuousBatching against figures pasted into
 # the cells; here the same runs use the course's ContinuousBatching.
 LAB04 = REPO_ROOT / "labs" / "lab04_continuous_batching" / "lab04_continuous_batching.ipynb"

@@ -192,6 +192,9 @@ def test_publish_refuses_a_folder_that_is_not_empty(work, env):
 
 def test_no_lab_source_and_no_hidden_folder(edition, scanned):
     assert not (edition / "autograder" / "hidden").exists()
+    # The design parts' references and baselines (autograder/design/) are an answer key: nothing of them ships.
+    assert not (edition / "autograder" / "design").exists()
+    assert not [name for name, data, _ in scanned if b"from autograder.design" in data or b"import autograder.design" in data]
     sources = {path.read_bytes() for path in LAB_SOURCES}
     assert not [name for name, data, _ in scanned if data in sources], "a lab source (with solutions) was published"
     for path in LAB_SOURCES:
@@ -226,6 +229,15 @@ def test_no_hidden_token_list_anywhere(scanned):
                     for m in re.finditer(r"\d+(?:\s*,\s*\d+)+", view)]
             leaks += [(name, ids[:40]) for ids in wanted for run in runs if ids in run]
     assert not leaks, f"hidden token lists in the student edition: {leaks[:10]}"
+
+
+def test_no_held_out_step_time_anywhere(scanned):
+    """Lab 03's held-out measurements (autograder/hidden/step_times_heldout.csv) are in no file of the edition."""
+    rows = [line for line in (HIDDEN / "step_times_heldout.csv").read_text().splitlines()
+            if line and not line.startswith(("#", "phase,"))]
+    assert len(rows) == 45
+    leaks = [(name, row) for name, data, _ in scanned for row in rows if row.encode() in data]
+    assert not leaks, f"held-out step times in the student edition: {leaks[:5]}"
 
 
 def test_no_solution_or_hidden_test_region_anywhere(scanned):

@@ -32,15 +32,22 @@ Task 6, kv_capacity_tokens and max_batch (memory-visible/-hidden): the worked ca
 Task 7, your engine (engine-visible/-hidden): the simulator, driving the engine's scheduler, serves seeded chat
   workloads on your cost model (continuous and static batching); its last token, median TTFT and TPOT and
   throughput must match the course's figures to 1e-6.
+Numbers you derive (numbers-visible/-roofline-hidden/-serving-hidden, lab03_numbers.py): each answer of the right
+  kind (visible); each value within its tolerance (hidden; the message names the answers that are off).
+Design, calibrate (design-interface-visible, design-mape-visible/-hidden, lab03_calibrate.py): your cost model,
+  fitted to the shipped step times, prices any shape (more layers or width cost more; a near shape costs the same),
+  never takes less time for more work, refuses bad input with ValueError and drives the simulator; fitted without
+  some slices of the training file it predicts them within the MAPE allowed (visible), and fitted on the whole
+  file, the held-out slices (hidden: the message names each slice's MAPE, never a point).
 """
 from __future__ import annotations
 
 import importlib
 
-from autograder.labs import lab03_common, lab03_counts, lab03_time
+from autograder.labs import lab03_calibrate, lab03_common, lab03_counts, lab03_numbers, lab03_time
 
 # `pristine` reloads this file only: its parts afresh too, each one's dependencies before it.
-for _part in (lab03_common, lab03_counts, lab03_time):
+for _part in (lab03_common, lab03_counts, lab03_time, lab03_numbers, lab03_calibrate):
     importlib.reload(_part)
 
 from autograder.labs.lab03_common import (A100, ANSWER_KEY, H100, H200, KIPPLY, L8, L70, MHA, T4, TINY,  # noqa: E402
@@ -50,8 +57,13 @@ from autograder.labs.lab03_counts import (check_bytes, check_bytes_exact, check_
                                           check_param_count_exact)
 from autograder.labs.lab03_time import (check_engine, check_memory, check_memory_exact,  # noqa: E402
                                         check_ridge_and_step, check_ridge_and_step_exact, check_worked_tables)
+from autograder.labs.lab03_numbers import check_answer_forms, check_answer_values  # noqa: E402
+from autograder.labs.lab03_calibrate import (check_calibration, check_calibration_hidden,  # noqa: E402
+                                             check_interface)
 
 __all__ = ["ANSWER_KEY", "L8", "L70", "MHA", "TINY", "KIPPLY", "H100", "H200", "A100", "T4", "PAPER_GPUS",
            "check_param_count", "check_param_count_exact", "check_kv_bytes", "check_kv_bytes_exact", "check_flops",
            "check_flops_exact", "check_bytes", "check_bytes_exact", "check_ridge_and_step",
-           "check_ridge_and_step_exact", "check_worked_tables", "check_memory", "check_memory_exact", "check_engine"]
+           "check_ridge_and_step_exact", "check_worked_tables", "check_memory", "check_memory_exact", "check_engine",
+           "check_answer_forms", "check_answer_values", "check_interface", "check_calibration",
+           "check_calibration_hidden"]

@@ -11,12 +11,18 @@ times the one step that feeds ``batch`` prompts of ``context`` tokens each, on a
 
 It is the whole engine that is timed, scheduler and Python included, not one matmul: that is what a serving
 simulator has to predict, and why the data is not a clean roofline.
+
+The shipped file (``STEP_TIMES``) is the grid measured once, on an idle machine, less the slices that grade Lab 03's
+calibration (held out of it, instructors only).  ``row_config`` and ``row_batch`` turn a row back into the model
+shape and the forward pass it timed, as a cost model is asked about them: ``cost_model(config).forward(new_tokens,
+context)``.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import dataclasses
+import os
 import platform
 import statistics
 import sys
@@ -25,7 +31,10 @@ import time
 import torch
 
 from miniengine.model import Llama, LlamaConfig
+from miniengine.paths import DATA
 from miniengine.sampling import SamplingParams
+
+STEP_TIMES = DATA / "step_times" / "cpu.csv"  # the training file Lab 03 calibrates to
 
 # Three shapes around the course's tiny target (d=256, 6 layers): the same, wider and shallower, narrower and deeper.
 SHAPES = {
@@ -40,6 +49,9 @@ DECODE_BATCHES = (1, 2, 4, 8, 16, 24, 32)
 DECODE_CONTEXTS = (16, 64, 128, 256, 384)
 PREFILL_BATCHES = (1, 2, 4, 8)
 PREFILL_LENGTHS = (16, 64, 128, 256)
+# The --fast grid: a few points of the tiny model, to compare a machine with the shipped file (about 5 s when idle).
+FAST_GRID = dict(models=("tiny",), decode_batches=(1, 8, 32), decode_contexts=(16, 256), prefill_batches=(1,),
+                 prefill_lengths=(64, 256))
 FIELDS = ("phase", "model", "hidden_size", "intermediate_size", "num_layers", "num_heads", "vocab_size",
           "batch", "context", "step_ms")
 
@@ -116,8 +128,10 @@ def prefill_point(model, name, batch, length, repeats=5) -> Point:
 
 
 def measure(models=tuple(SHAPES), decode_batches=DECODE_BATCHES, decode_contexts=DECODE_CONTEXTS,
-            prefill_batches=PREFILL_BATCHES, prefill_lengths=PREFILL_LENGTHS, progress=print) -> list[Point]:
-    """The grid, on one thread (the thread count is restored after)."""
+            prefill_batches=PREFILL_BATCHES, prefill_lengths=PREFILL_LENGTHS, progress=print, steps=9,
+            repeats=5) -> list[Point]:
+    """The grid, on one thread (the thread count is restored after); ``steps`` timed decode steps and ``repeats``
+    prefills per point (fewer: quicker and noisier; the shipped file used the defaults)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     points = []
@@ -127,11 +141,11 @@ def measure(models=tuple(SHAPES), decode_batches=DECODE_BATCHES, decode_contexts
                 model = _model(name)
                 for b in decode_batches:
                     for c in decode_contexts:
-                        points.append(decode_point(model, name, b, c))
+                        points.append(decode_point(model, name, b, c, steps))
                         progress(points[-1])
                 for b in prefill_batches:
                     for t in prefill_lengths:
-                        points.append(prefill_point(model, name, b, t))
+                        points.append(prefill_point(model, name, b, t, repeats))
                         progress(points[-1])
     finally:
         torch.set_num_threads(threads)
@@ -139,12 +153,19 @@ def measure(models=tuple(SHAPES), decode_batches=DECODE_BATCHES, decode_contexts
 
 
 def write_csv(points, path, note: str) -> None:
+    """Points (or rows as dicts) under a comment header: each line of ``note`` becomes a line starting with #."""
     with open(path, "w", newline="") as f:
-        f.write(f"# {note}\n")
+        f.writelines(f"# {line}\n" for line in note.splitlines())
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
         for p in points:
-            w.writerow(p.row())
+            w.writerow(p if isinstance(p, dict) else p.row())
+
+
+def read_notes(path) -> list[str]:
+    """The comment header of a step-times file: how and where it was measured."""
+    with open(path) as f:
+        return [line[1:].strip() for line in f if line.startswith("#")]
 
 
 def read_csv(path) -> list[dict]:
@@ -155,17 +176,45 @@ def read_csv(path) -> list[dict]:
     return [{k: (int(v) if k in ints else float(v) if k == "step_ms" else v) for k, v in r.items()} for r in rows]
 
 
+def row_config(row: dict) -> LlamaConfig:
+    """The model shape a row was measured on (the measured shapes are MHA, with tied embeddings, like SHAPES)."""
+    return LlamaConfig(vocab_size=row["vocab_size"], hidden_size=row["hidden_size"],
+                       intermediate_size=row["intermediate_size"], num_hidden_layers=row["num_layers"],
+                       num_attention_heads=row["num_heads"], num_key_value_heads=row["num_heads"],
+                       max_position_embeddings=512)
+
+
+def row_batch(row: dict) -> tuple[list[int], list[int]]:
+    """The forward pass a row timed, as (new_tokens, context): decode feeds one token per sequence over ``context``
+    cached ones; prefill feeds a whole prompt of ``context`` tokens per sequence over an empty cache."""
+    if row["phase"] == "decode":
+        return [1] * row["batch"], [row["context"]] * row["batch"]
+    if row["phase"] == "prefill":
+        return [row["context"]] * row["batch"], [0] * row["batch"]
+    raise ValueError(f"phase must be 'decode' or 'prefill', got {row['phase']!r}")
+
+
+def machine() -> str:
+    """This machine in a few words: the processor's model name (Linux), its core count, and torch's version."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores, torch {torch.__version__}, python {platform.python_version()}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the rows to this CSV file")
     ap.add_argument("--fast", action="store_true", help="a few points of the tiny model only")
     args = ap.parse_args(argv)
-    kw = dict(models=("tiny",), decode_batches=(1, 8, 32), decode_contexts=(16, 256),
-              prefill_batches=(1,), prefill_lengths=(64, 256)) if args.fast else {}
+    kw = FAST_GRID if args.fast else {}
     points = measure(progress=lambda p: print(p, flush=True), **kw)
     if args.out:
-        note = (f"engine step times, median, one torch thread, random weights; {platform.processor() or platform.machine()}, "
-                f"torch {torch.__version__}, python {platform.python_version()}; miniengine.course.step_times")
+        note = (f"engine step times, median, one torch thread, random weights; {machine()}; "
+                f"miniengine.course.step_times")
         write_csv(points, args.out, note)
     return 0
 

@@ -1,0 +1,201 @@
+"""The measured step times behind Lab 03's design part: the files, their split, and the threshold's power.
+
+data/step_times/cpu.csv (shipped, training) and autograder/hidden/step_times_heldout.csv (instructors only) are one
+measured grid split by whole slices (autograder/design/lab03.py).  Here: the CSV round trip, the split (no overlap,
+the whole grid, the held-out slices only), the hidden cell's pasted points equal to the held-out file, the reference
+fit under the threshold and the course's baseline far above it, and the lab's own solution and three planted bugs run
+through the harness in-process (what verify and a grader do in minutes, in a second).
+"""
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+
+from autograder.design import lab03 as design
+from miniengine.course import step_times
+from miniengine.paths import REPO_ROOT
+
+LAB = REPO_ROOT / "labs" / "lab03_roofline" / "lab03_roofline.ipynb"
+KEY = ("phase", "model", "batch", "context")
+
+
+def cells() -> dict[str, str]:
+    return {c["id"]: "".join(c["source"]) for c in json.loads(LAB.read_text(encoding="utf-8"))["cells"]}
+
+
+def call_keywords(source: str, name: str) -> dict:
+    """The literal keyword arguments (and a HELD_OUT assignment) of the harness call ``lab.<name>(...)`` in a cell."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == name:
+            found.update({k.arg: ast.literal_eval(k.value) for k in node.keywords})
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "HELD_OUT":
+            found["HELD_OUT"] = ast.literal_eval(node.value)
+    return found
+
+
+def test_read_csv_round_trip(tmp_path):
+    rows = step_times.read_csv(step_times.STEP_TIMES)
+    path = tmp_path / "copy.csv"
+    step_times.write_csv(rows, path, "first line\nsecond line")
+    assert step_times.read_csv(path) == rows
+    assert step_times.read_notes(path) == ["first line", "second line"]
+    point = step_times.Point("decode", "tiny", 2, 70, 9.38041)
+    step_times.write_csv([point], path, "one point")
+    assert step_times.read_csv(path) == [point.row() | {"step_ms": 9.3804}]
+
+
+def test_a_row_gives_back_the_shape_and_the_pass_it_timed():
+    for r in step_times.read_csv(step_times.STEP_TIMES):
+        assert step_times.row_config(r) == step_times.SHAPES[r["model"]]
+        new, ctx = step_times.row_batch(r)
+        B, c = r["batch"], r["context"]
+        assert (new, ctx) == (([1] * B, [c] * B) if r["phase"] == "decode" else ([c] * B, [0] * B))
+    with pytest.raises(ValueError, match="phase"):
+        step_times.row_batch({"phase": "verify", "batch": 1, "context": 1})
+
+
+def test_the_split_holds_out_whole_slices_and_nothing_else():
+    train, held = design.load()
+    keys = lambda rows: [tuple(r[k] for k in KEY) for r in rows]
+    assert not set(keys(train)) & set(keys(held)), "a point is both trained on and held out"
+    assert len(set(keys(train))) == len(train) and len(set(keys(held))) == len(held)
+    grid = len(step_times.SHAPES) * (len(step_times.DECODE_BATCHES) * len(step_times.DECODE_CONTEXTS)
+                                     + len(step_times.PREFILL_BATCHES) * len(step_times.PREFILL_LENGTHS))
+    assert len(train) + len(held) == grid == 153
+    assert all(design.in_slices(r, design.HELD_OUT) for r in held)
+    assert not any(design.in_slices(r, design.HELD_OUT) for r in train)
+    every = {(m, p) for m in step_times.SHAPES for p in ("decode", "prefill")}
+    assert {(r["model"], r["phase"]) for r in held} == every
+    # The training file says how it was measured.
+    notes = " ".join(step_times.read_notes(step_times.STEP_TIMES))
+    for fact in ("one torch thread", "median", "torch 2.13", "AMD EPYC", "held-out slices"):
+        assert fact.lower() in notes.lower(), fact
+
+
+def test_the_hidden_cell_holds_the_held_out_file_and_the_cells_the_threshold():
+    _, held = design.load()
+    source = cells()
+    hidden = call_keywords(source["design-mape-hidden"], "check_calibration_hidden")
+    pasted = sorted((phase, *p) for name, (phase, pts) in hidden["HELD_OUT"].items() for p in pts)
+    assert pasted == sorted(tuple(r[k] for k in KEY + ("step_ms",)) for r in held)
+    for name, (phase, pts) in hidden["HELD_OUT"].items():
+        assert {design.slice_name(design_row(phase, p)) for p in pts} == {name}
+    visible = call_keywords(source["design-mape-visible"], "check_calibration")
+    assert [tuple(s) for s in visible["held_out"]] == list(design.VISIBLE)
+    assert visible["max_mape"] == hidden["max_mape"] == design.THRESHOLD
+    assert "14%" in source["design-intro"]
+
+
+def design_row(phase, point):
+    from autograder.labs.lab03_calibrate import point_row
+
+    return point_row(phase, *point)
+
+
+def test_the_reference_passes_and_the_baseline_fails_the_threshold_by_far():
+    found = design.report(out=lambda line: None)  # (train, visible, held out) MAPE of each fit
+    reference, baseline = found["reference fit"], found["baseline: " + design.BASELINE_NAME]
+    assert reference[1] < design.THRESHOLD - 0.02 and reference[2] < design.THRESHOLD - 0.03, reference
+    assert min(baseline[1:]) > 2.5 * design.THRESHOLD, baseline
+    assert found["three-term linear fit"][2] > design.THRESHOLD, "the three-term linear fit passes: no power"
+    assert found["nearest training row (a lookup)"][2] > 2 * design.THRESHOLD
+
+
+# ---------------------------------------------------------------- the lab's solution and planted bugs, in-process
+
+TASKS = ("param_count", "kv_bytes_per_token", "forward_flops", "forward_bytes", "step_time", "design-calibrate")
+
+
+def notebook_namespace(**edits) -> dict:
+    """The lab's solution cells run as a notebook runs them (``__main__``), with ``old -> new`` source edits."""
+    import dataclasses  # noqa: F401  (the setup cell's imports)
+
+    import numpy as np
+
+    ns = {"__name__": "__main__", "np": np, "step_times": step_times, "math": __import__("math")}
+    source = cells()
+    for cell in TASKS:
+        text = source[cell]
+        for old, new in edits.get(cell.replace("-", "_"), []):
+            assert old in text, old
+            text = text.replace(old, new)
+        exec(compile(text, f"<cell {cell}>", "exec"), ns)
+    return ns
+
+
+def held_out_cases():
+    return call_keywords(cells()["design-mape-hidden"], "check_calibration_hidden")["HELD_OUT"]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    import importlib
+
+    import autograder.labs
+
+    return importlib.reload(autograder.labs).pristine("lab03")
+
+
+def test_the_lab_solution_passes_every_design_check(lab, capsys):
+    calibrate = notebook_namespace()["calibrate"]
+    lab.check_interface(calibrate)
+    lab.check_calibration(calibrate, held_out=list(design.VISIBLE), max_mape=design.THRESHOLD)
+    lab.check_calibration_hidden(calibrate, held_out_cases(), max_mape=design.THRESHOLD)
+    assert "MAPE" in capsys.readouterr().out
+
+
+BUGS = {  # planted bug: (source edits of the solution's calibrate cell, words the visible message must hold)
+    "milliseconds, not seconds": ([('measured = np.array([r["step_ms"] / 1e3', 'measured = np.array([r["step_ms"]')],
+                                  "about 1000x too long"),
+    "the context ignored": ([("L, d = config.num_hidden_layers, config.hidden_size",
+                              "L, d = config.num_hidden_layers, config.hidden_size\n"
+                              "        context = [0] * len(context)")],
+                            "do not change with the context"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_planted_bug_fails_visibly_and_hidden_with_a_cause(lab, bug):
+    edits, words = BUGS[bug]
+    calibrate = notebook_namespace(design_calibrate=edits)["calibrate"]
+    with pytest.raises(AssertionError, match="MAPE") as visible:
+        lab.check_calibration(calibrate, held_out=list(design.VISIBLE), max_mape=design.THRESHOLD)
+    assert words in str(visible.value)
+    with pytest.raises(AssertionError) as hidden:
+        lab.check_calibration_hidden(calibrate, held_out_cases(), max_mape=design.THRESHOLD)
+    message = str(hidden.value)
+    assert message.startswith("hidden case ") and words in message and "decode at batch 24" in message
+    assert not any(f"{ms}" in message for _, pts in held_out_cases().values() for *_, ms in pts)
+
+
+def test_a_table_of_the_training_rows_is_refused(lab):
+    ns = {"__name__": "__main__"}
+    exec(compile('''
+def calibrate(rows):
+    """A lookup: the nearest training row of the same shape and phase."""
+    if not rows:
+        raise ValueError("rows: none")
+    class Step:
+        def __init__(self, s):
+            self.step_time_s = s
+    def cost_model(config):
+        class Lookup:
+            def forward(self, new_tokens, context):
+                phase = "prefill" if context[0] == 0 and new_tokens[0] > 1 else "decode"
+                length = new_tokens[0] if phase == "prefill" else context[0]
+                same = [r for r in rows if r["phase"] == phase and r["hidden_size"] == config.hidden_size
+                        and r["num_layers"] == config.num_hidden_layers]
+                best = min(same, key=lambda r: abs(r["batch"] - len(new_tokens)) + abs(r["context"] - length) / 12)
+                return Step(best["step_ms"] / 1e3)
+        return Lookup()
+    return cost_model
+''', "<cell design-calibrate>", "exec"), ns)
+    with pytest.raises(AssertionError, match="must price any shape"):  # an unmeasured shape has no rows
+        lab.check_calibration(ns["calibrate"], held_out=list(design.VISIBLE), max_mape=design.THRESHOLD)
+    refused = r"^hidden case held-out .*: your cost model raised ValueError; a cost model must price any shape"
+    with pytest.raises(AssertionError, match=refused) as hidden:
+        lab.check_calibration_hidden(ns["calibrate"], held_out_cases(), max_mape=design.THRESHOLD)
+    assert "empty sequence" not in str(hidden.value)  # the text of your exception is not shown in a hidden test
