@@ -30,9 +30,10 @@ from . import colab, environment, layout, release
 ROOT_FILES = ["Makefile", "pyproject.toml", "constraints.txt", "environment.yml", ".gitignore", ".ci/run"]
 OPTIONAL_ROOT_FILES = ["LICENSE", "LICENSE.md", "LICENSE.txt"]
 TREES = ["miniengine", "data", "lectures"]
-# The modules a student's `python -m autograder check` and the labs' test cells start from.  cli.py's own
-# imports are followed only at module level: its verbs import their modules lazily, and most are instructors'.
-AUTOGRADER_ROOTS = ["__init__", "__main__", "cli", "check", "notebook_checks", "sandbox"]
+# The modules a student's `python -m autograder check`, the labs' test cells and their last cells (`from autograder
+# import own`) start from.  cli.py's own imports are followed only at module level: its verbs import their modules
+# lazily, and most are instructors'.
+AUTOGRADER_ROOTS = ["__init__", "__main__", "cli", "check", "notebook_checks", "sandbox", "own/__init__"]
 AUTOGRADER_SHELL = {"cli"}
 # Tests for students: the engine, the models, the notebooks' conventions and `check` on a released lab.
 # Left out: every test that reads autograder/hidden/ or labs/ sources, and the instructors' verbs.
@@ -111,6 +112,8 @@ def _autograder_modules() -> list[str]:
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograder."):
                 mod = node.module.split(".", 1)[1]
                 found = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "autograder":  # from autograder import hidden_spec
+                found = [a.name for a in node.names]
             elif isinstance(node, ast.Import):
                 found = [a.name.split(".", 1)[1] for a in node.names if a.name.startswith("autograder.")]
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):

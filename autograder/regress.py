@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
@@ -79,6 +80,9 @@ def summary_table(rows: list[dict]) -> str:
 def regress(selected=None, workers: int = 1, timeout: int = 300, out: Path | None = None, device: str = "cpu") -> int:
     environment.prepare(workers)
     out = Path(out) if out else layout.BUILD / "regress"
+    # The labs' last cells save the solutions they run as "the student's" parts (autograder/own/): into the run's
+    # folder, never the checkout's mine/, unless the caller chose a folder.
+    os.environ.setdefault("MINIENGINE_MINE", str((out / "mine").resolve()))
     found = notebooks(selected)
     if not found:
         raise layout.LabError("no notebooks found under lectures/ or labs/")
