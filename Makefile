@@ -7,6 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NO_LSP_SEARCH := $(VENV)/etc/jupyter/jupyter_server_config.json
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 # Keep Jupyter, IPython and matplotlib from writing to the user's home directory.
 export JUPYTER_CONFIG_DIR := $(CURDIR)/$(VENV)/home/jupyter-config
@@ -15,12 +16,26 @@ export JUPYTER_RUNTIME_DIR := $(CURDIR)/$(VENV)/home/jupyter-runtime
 export IPYTHONDIR := $(CURDIR)/$(VENV)/home/ipython
 export MPLCONFIGDIR := $(CURDIR)/$(VENV)/home/matplotlib
 export JUPYTER_PLATFORM_DIRS := 1
+VENV_HOME := $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR) $(IPYTHONDIR) $(MPLCONFIGDIR)
 # The venv's bin/ on PATH: nbgrader shells out to alembic (autograder/README.md, nbgrader fact 2).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup sandbox browser lab test regress release bench gpu-check clean
+.PHONY: setup sandbox browser lab lab-tools test regress release bench gpu-check clean
 
-setup: $(STAMP) $(NO_LSP_SEARCH)
+setup: $(STAMP) $(NO_LSP_SEARCH) $(LAB_OVERRIDES) | $(VENV_HOME)
+
+# The folders exported above, made at setup: IPython warns ("IPython parent '.../.venv/home' is not a writable
+# location") in every process and kernel that starts before anything has created .venv/home.
+$(VENV_HOME): | $(STAMP)
+	mkdir -p $@
+
+# JupyterLab 4 asks every new user "Would you like to get notified about official Jupyter news?" in a toast over
+# the notebook's lower right corner, and checks for updates. Both off, in the venv's application settings
+# (JupyterLab's documented overrides.json, merged into whatever is there).
+$(LAB_OVERRIDES): $(STAMP)
+	$(PY) -c "import json, pathlib; p = pathlib.Path('$@'); s = json.loads(p.read_text()) if p.exists() else {}; \
+	s.setdefault('@jupyterlab/apputils-extension:notification', {}).update(fetchNews='false', checkForUpdates=False); \
+	p.parent.mkdir(parents=True, exist_ok=True); p.write_text(json.dumps(s, indent=2) + chr(10))"
 
 # jupyter-lsp (part of JupyterLab) searches for language servers when JupyterLab starts: where node is installed
 # it runs `npm prefix -g`, and npm writes a log to ~/.npm/_logs/.  The course installs no language server, so the
@@ -43,7 +58,25 @@ $(STAMP): pyproject.toml constraints.txt
 # The student edition (autograder publish) has no autograder/release.py: its labs/ are the released notebooks already.
 lab: setup
 	@if [ -f autograder/release.py ] && $(PY) -c "import autograder.cli" 2>/dev/null; then $(PY) -m autograder release --if-missing; fi
+	@$(MAKE) --no-print-directory lab-tools
 	$(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+# nbgrader's instructor tools in JupyterLab (the Nbgrader menu, the "Create Assignment" panel, the formgrader) are
+# for this instructor edition; a student's JupyterLab goes without them, locked so that its plugin manager cannot
+# turn them back on. What `jupyter labextension disable` / `lock` and `jupyter server extension disable` write, written
+# directly (those commands take half a minute on two busy cores), into the venv's config folder: every checkout has
+# its own venv. tests/test_browser.py runs this rule with EDITION=... and a LAB_CONFIG_DIR of its own.
+EDITION ?= $(if $(wildcard autograder/release.py),instructor,student)
+LAB_CONFIG_DIR ?= $(VENV)/etc/jupyter
+INSTRUCTOR_LAB_PLUGINS := @jupyter/nbgrader:menu @jupyter/nbgrader:create-assignment @jupyter/nbgrader:formgrader
+lab-tools:
+	@$(PY) -c "from jupyter_server.config_manager import BaseJSONConfigManager as C; \
+	off = '$(EDITION)' == 'student'; tools = dict.fromkeys('$(INSTRUCTOR_LAB_PLUGINS)'.split(), off); \
+	C(config_dir='$(LAB_CONFIG_DIR)/labconfig', read_directory=False).update('page_config', \
+	  {'disabledExtensions': tools, 'lockedExtensions': tools}); \
+	C(config_dir='$(LAB_CONFIG_DIR)', read_directory=False).update('jupyter_server_config', \
+	  {'ServerApp': {'jpserver_extensions': {'nbgrader.server_extensions.formgrader': not off}}}); \
+	print('JupyterLab, $(EDITION) edition: nbgrader\'s instructor tools', 'off' if off else 'on')"
 
 # `grade` runs every submission's kernel in a bubblewrap sandbox (autograder/bubblewrap.py) and refuses to
 # grade without one; as root on Debian/Ubuntu this installs it where it is missing.
@@ -63,9 +96,10 @@ browser:
 	else echo "note: chromium is missing; tests/test_browser.py skips without it: install the chromium package as root"; fi; }
 
 # Two pytest workers, a test file each at a time: most of the suite waits on kernels and notebooks, so the two
-# cores are half idle with one (10.1 min against 7.5 min, measured on this 2-core machine).
+# cores are half idle with one (10.1 min against 7.5 min, measured on this 2-core machine). Files go out in
+# collection order, the longest first (tests/conftest.py, LONGEST_FIRST), not pytest-xdist's by number of tests.
 test: setup sandbox browser
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 regress: setup
 	$(PY) -m autograder regress

@@ -67,6 +67,7 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
     cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in ran.cells if c.get("metadata", {}).get("nbgrader")}
     visible_ok = visible_n = 0
     points = max_points = 0.0
+    outcomes = {}  # grade id -> (status, message): recorded with the student's saved parts (autograder/own/)
     width = max(len(t.grade_id) for t in tests)
     for t in tests:
         cell = cells[t.grade_id]
@@ -75,11 +76,13 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
             continue
         score, _ = determine_grade(cell)
         r = results.judge(cell, score, t, timeout)
+        outcomes[t.grade_id] = (r.status, r.message)
         visible_n += 1
         visible_ok += r.status == results.PASSED
         points, max_points = points + r.points, max_points + r.max_points
         label = " (hidden)" if t.hidden else ""
-        print(f"  {t.grade_id:<{width}}  {t.max_points:g} pts  {r.status}{label}" + (f": {r.message}" if r.message else ""))
+        line = f"  {t.grade_id:<{width}}  {t.max_points:g} pts  {r.status}{label}" + (f": {r.message}" if r.message else "")
+        print(results.indented(line, width + 4))  # a message of several lines, whole, its later lines indented
         if t.grade_id in edited:
             how = "it was checked with the original, as the grader will" if t.grade_id in restored else "the grader runs the original"
             print(f"  {'':<{width}}  note: you edited this test cell; {how}")
@@ -92,10 +95,23 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
                 print(f"  note: {label} {results.timeout_message(timeout)}")
                 continue
             e = errors[0]
-            print(f"  note: {label} raised {results.describe_error(e.get('ename'), e.get('evalue'), 120)}")
+            print(results.indented(f"  note: {label} raised {results.describe_error(e.get('ename'), e.get('evalue'))}", 8))
+    save_own(notebook, nb, outcomes)
     kind = "visible tests" if any(_is_empty(t.source) for t in tests) or not any(t.hidden for t in tests) else "tests"
     print(f"\n{visible_ok} of {visible_n} {kind} passed ({points:g} of {max_points:g} points) in {seconds:.0f} s")
     return 0 if visible_ok == visible_n else 1
+
+
+def save_own(notebook: Path, nb, outcomes: dict) -> None:
+    """Save the student's graded cells as mine/labNN.py, with these results, for the labs' last cells (autograder/own/)."""
+    try:
+        from . import own
+
+        line = own.record_check(notebook, nb, outcomes)
+    except Exception as e:  # a service to the student: it never changes what check reports
+        line = f"note: your parts were not saved for the labs' last cells ({type(e).__name__}: {e})"
+    if line:
+        print(f"  {line}")
 
 
 def restore_test_cells(nb, edited: set[str]) -> set[str]:

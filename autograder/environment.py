@@ -32,6 +32,13 @@ def prepare(workers: int = 1) -> None:
     }
     for name, path in defaults.items():
         os.environ.setdefault(name, str(path))
+    # IPython warns ("IPython parent ... is not a writable location") when its folder is missing: make them exist,
+    # as `make setup` does, for a checkout that calls python -m autograder without make (Colab, a plain venv).
+    for name in ("IPYTHONDIR", "MPLCONFIGDIR"):
+        try:
+            Path(os.environ[name]).mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # a read-only location: IPython's warning then says so
     os.environ.setdefault("JUPYTER_PLATFORM_DIRS", "1")
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # silences a debugger warning on stderr
     bin_dir = str(Path(sys.executable).parent)

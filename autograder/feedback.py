@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from . import layout
+from . import layout, results
 
 BEGIN, END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 RESULT_FILE = "result.json"
@@ -65,14 +65,22 @@ def _graded_students(lab: str) -> list[str]:
         return []
 
 
+# What a hidden test's message holds (autograder/messages.py, safe_message; autograder/checks/hidden.py).
+FOOTER = ("Hidden tests ran on inputs you have not seen. Their messages never show a hidden prompt or an expected "
+          "token: they name the hidden case and the step where the test knows them, and otherwise the error your code "
+          f"raised and the function and line where it did. Messages are shown whole (one over "
+          f"{results.MESSAGE_LIMIT:,} characters says where it was cut).")
+
+
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}} td,th{{padding:.2em .6em;text-align:left;
-vertical-align:top}} tr.passed td.status{{color:#17752e}} tr:not(.passed) td.status{{color:#a3161b}}</style></head>
+vertical-align:top}} tr.passed td.status{{color:#17752e}} tr:not(.passed) td.status{{color:#a3161b}}
+td.message{{white-space:pre-wrap}}</style></head>
 <body><h1>{title}</h1><p>Score: <b>{score:g} / {max_score:g}</b></p>
 <table><tr><th>test</th><th>kind</th><th>points</th><th>status</th><th>message</th></tr>
 {rows}</table>{notes}
-<p><small>Hidden tests ran on prompts you have not seen; their messages name the case and the step only.</small></p>
+<p><small>{footer}</small></p>
 </body></html>
 """
 
@@ -82,10 +90,12 @@ def render(result: dict) -> str:
     rows = "\n".join(
         f'<tr class="{esc(t["status"]).replace(" ", "-")}"><td>{esc(t["test"])}</td>'
         f'<td>{"hidden" if t["hidden"] else "visible"}</td><td>{t["points"]:g} / {t["max_points"]:g}</td>'
-        f'<td class="status">{esc(t["status"])}</td><td>{esc(t["message"])}</td></tr>' for t in result["tests"])
+        f'<td class="status">{esc(t["status"])}</td><td class="message">{esc(t["message"])}</td></tr>'
+        for t in result["tests"])
     notes = "".join(f"<li>{esc(n)}</li>" for n in result.get("notes", []))
     return PAGE.format(title=esc(f"{result['lab']}: feedback for {result['student']}"), score=result["score"],
-                       max_score=result["max_score"], rows=rows, notes=f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
+                       max_score=result["max_score"], rows=rows, notes=f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
+                       footer=esc(FOOTER))
 
 
 def feedback(names=None, students=None) -> int:
@@ -94,11 +104,12 @@ def feedback(names=None, students=None) -> int:
     labs = layout.find_labs(names)
     graded_any = False
     status = 0
+    ungraded = []
     for lab in labs:
         done = sorted(p.parent.parent.name for p in (layout.COURSE / "autograded").glob(f"*/{lab.name}/{RESULT_FILE}"))
         chosen = [s for s in done if not students or s in students]
         if not chosen:
-            print(f"{lab.name}: no graded submissions in course/autograded (run `python -m autograder grade` first)")
+            ungraded.append(lab.name)
             continue
         graded_any = True
         lines = hidden_lines(nbformat.read(lab.source, as_version=4))
@@ -116,6 +127,10 @@ def feedback(names=None, students=None) -> int:
                 print(f"wrote {page}")
         for s in sorted(set(students or _graded_students(lab.name)) - set(done)):
             print(f"{lab.name}: no page for {s}: nothing of theirs was graded")
+    if ungraded:  # one line for them all: most labs of a term are not graded yet
+        who = f" for {', '.join(sorted(students))}" if students else ""
+        print(f"no graded submissions{who} in course/autograded for {', '.join(ungraded)} "
+              f"(`python -m autograder grade` writes them)")
     if not graded_any:
         return 1
     return status

@@ -1,8 +1,9 @@
 """What a student may read of a graded test, and the notes that explain a result (an allow-list).
 
 A visible test's message is its own; a hidden test's is shown only when it is the test's own words (it starts
-with one of HIDDEN_TEST_PREFIXES) and quotes no hidden input; otherwise the student reads the status and the
-built-in exception's name.  A hidden test that passed in the kernel passes only if the outputs it reported
+with one of HIDDEN_TEST_PREFIXES: the case and the step, which a harness and HiddenReport name) and quotes no
+hidden input; otherwise the student reads the built-in exception's name and where it was raised, taken from the
+traceback's frames (a function and a line), never the exception's text.  A hidden test that passed in the kernel passes only if the outputs it reported
 match the hidden golden ones, compared here, outside the sandbox.  The notes name what else happened: an
 edited test cell, raised points, a non-test cell that timed out or raised.
 """
@@ -22,7 +23,8 @@ DIED = "grading process died"
 # Exception names a message may show: Python's own, and the tests' own.  A submission's exception class could
 # carry any name, a hidden input included.
 SHOWN_ERRORS = {name for name, obj in vars(builtins).items() if isinstance(obj, type) and issubclass(obj, BaseException)}
-SHOWN_ERRORS |= {"ReferenceCalled", "CellTimeoutError"}
+# The course's own, and torch's for a tensor-parallel rank that raised (RankError: lab 09's harness says what and where).
+SHOWN_ERRORS |= {"ReferenceCalled", "CellTimeoutError", "RankError", "ProcessRaisedException"}
 # A hidden test's own messages start like this; anything else in a hidden cell came from the student's code,
 # and could carry the hidden inputs it was given.
 HIDDEN_TEST_PREFIXES = ("hidden case ", "hidden hand-made case", "your engine", "hidden, pass ")
@@ -49,6 +51,33 @@ def redact(text: str, secrets: list[str]) -> str:
     return WITHHELD if any(s in text for s in secrets) else text
 
 
+# A frame's first line in an IPython traceback: code from a notebook cell, or from a file.
+CELL_FRAME = re.compile(r"^Cell In\[\d+\], line (\d+), in ([\w.<>]{1,80})")
+FILE_FRAME = re.compile(r"^File (\S+?):(\d+), in ([\w.<>]{1,80})")
+COURSE_CODE = re.compile(r"/((?:autograder|miniengine)/[\w/]+\.py)$")
+# The reference guard's own words (autograder/checks/guard.py): names of the course's functions, no input in them.
+GUARD_SAYS = re.compile(r"^[\w ,.'-]{1,80} calls [\w., ]{1,200}: that is the course's reference implementation\. "
+                        r"Write this part yourself \(the allowed imports are listed at the top of the lab\)\.$")
+
+
+def where_raised(traceback: list) -> tuple[str, str]:
+    """Where an error came from, read from its traceback's frame lines: ("yours", "in greedy, at line 6 of its
+    cell") for the last function of a notebook cell in it, else ("course", "rank_of (autograder/labs/lab09.py:40)")
+    for the last of the course's functions, else ("", "")."""
+    frames = []
+    for entry in traceback or []:
+        head = results.ANSI.sub("", str(entry)).strip().splitlines()[:1]
+        cell = CELL_FRAME.match(head[0]) if head else None
+        file = FILE_FRAME.match(head[0]) if head and not cell else None
+        course = COURSE_CODE.search(file.group(1)) if file else None
+        if cell:  # a function defined in a cell (the test cell itself runs at module level: no ", in ...")
+            frames.append(("yours", f"in {cell.group(2)}, at line {cell.group(1)} of its cell"))
+        elif course:
+            frames.append(("course", f"{file.group(3)} ({course.group(1)}:{file.group(2)})"))
+    mine = [f for f in frames if f[0] == "yours"]
+    return (mine or frames or [("", "")])[-1]
+
+
 def safe_message(test: results.TestResult, cell, secrets: list[str]) -> str:
     """The message a student may see for a test: the grader's or the test's own words, never a hidden input."""
     errors = [o for o in (cell.get("outputs", []) if cell is not None else []) if o.get("output_type") == "error"]
@@ -56,12 +85,25 @@ def safe_message(test: results.TestResult, cell, secrets: list[str]) -> str:
         return f"{DIED}: {errors[0].get('evalue')}"  # the grader's own words (autograder.execute)
     if not test.hidden or test.status in (results.PASSED, results.TIMED_OUT, results.MISSING, results.CORRUPT):
         return redact(test.message, secrets)
-    if errors and errors[0].get("ename") == "AssertionError" and test.message.startswith(HIDDEN_TEST_PREFIXES):
-        return redact(test.message, secrets)
-    if not errors:
-        return f"{test.status} on hidden inputs"
-    ename = errors[0].get("ename")
-    return f"{test.status} on hidden inputs: your code raised {ename if ename in SHOWN_ERRORS else 'an exception'}"
+    head = f"{test.status} on hidden inputs"
+    if not errors:  # what the cell wrote could show what it was given
+        return head + (": the cell wrote to stderr, which nbgrader counts as a failure (what it wrote is withheld)"
+                       if "stderr" in test.message else "")
+    ename, evalue = errors[0].get("ename"), results.whole(errors[0].get("evalue"))
+    if evalue.startswith(HIDDEN_TEST_PREFIXES):  # a harness's assertion, or HiddenReport naming the case and step
+        return redact(evalue, secrets)
+    shown = ename if ename in SHOWN_ERRORS else "an exception"
+    kind, where = where_raised(errors[0].get("traceback"))
+    if ename == "AssertionError" and where.startswith("reference_forbidden (autograder/checks/guard.py") \
+            and GUARD_SAYS.match(evalue):
+        return f"{head}: {evalue}"
+    if kind == "yours":
+        return f"{head}: your code raised {shown} {where}"
+    if kind == "course" and ename == "AssertionError":  # a check whose message does not say which hidden case
+        return f"{head}: the test's check in {where} failed; its message is withheld, as it does not name the case"
+    if kind == "course":  # e.g. the engine refusing what a plug returned: the line says which check it was
+        return f"{head}: {shown} raised in the course's {where}"
+    return f"{head}: your code raised {shown}"
 
 
 def judge_hidden_outputs(test: results.TestResult, cell, info) -> results.TestResult:

@@ -77,17 +77,41 @@ def test_cells(nb) -> list[TestCell]:
     return cells
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # tracebacks and some messages carry terminal colours
+# A message is kept whole up to this many characters: every real one is far shorter (a few hundred at most), and
+# the cap keeps a submission's megabyte-long assertion out of grades.csv and the feedback page.
+MESSAGE_LIMIT = 4000
+CUT = "[... {n} more characters cut here; the cell's own output in the notebook shows the message whole]"
+
+
 def first_line(text: str, limit: int = 300) -> str:
-    """The first line of a message, without ANSI colours (tracebacks carry them), cut to ``limit``."""
-    lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(text)).splitlines() if ln.strip()]
+    """The first line of a text, without ANSI colours, cut to ``limit``: for the grader's own one-line reasons."""
+    lines = [ln for ln in ANSI.sub("", str(text)).splitlines() if ln.strip()]
     text = (lines[0].rstrip() + (" ..." if len(lines) > 1 else "")) if lines else ""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def describe_error(ename, evalue, limit: int = 300) -> str:
+def whole(text, limit: int = MESSAGE_LIMIT) -> str:
+    """A test's message as the student should read it: every line of it, without ANSI colours or blank lines at
+    either end.  Only a message over ``limit`` characters is cut, and then it says so and where the whole one is."""
+    lines = [ln.rstrip() for ln in ANSI.sub("", str(text or "")).splitlines()]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    text = "\n".join(lines)
+    return text if len(text) <= limit else text[:limit] + " " + CUT.format(n=len(text) - limit)
+
+
+def describe_error(ename, evalue, limit: int = MESSAGE_LIMIT) -> str:
     """'NameError: name x is not defined', or just 'NotImplementedError' when there is no message."""
-    message = first_line(evalue or "", limit)
+    message = whole(evalue, limit)
     return f"{ename}: {message}" if message else str(ename)
+
+
+def indented(message: str, indent: int) -> str:
+    """A message of several lines for a table: its later lines start under its first (``indent`` columns in)."""
+    return message.replace("\n", "\n" + " " * indent)
 
 
 # What a cell that ran past the per-cell limit holds: nbgrader's Execute interrupts the kernel, so the cell
@@ -113,7 +137,7 @@ def judge(cell, score: float | None, test: TestCell, timeout: int) -> TestResult
 
     def result(status, message=""):
         return TestResult(test.grade_id, points if status == PASSED else min(points, test.max_points),
-                          test.max_points, status, first_line(message), test.hidden)
+                          test.max_points, status, whole(message), test.hidden)
 
     if timed_out(cell):
         return result(TIMED_OUT, timeout_message(timeout))
@@ -238,5 +262,5 @@ def table(results: list[StudentResult], details: bool = True) -> str:
                 lines.append(f"  every test: corrupt notebook: {r.tests[0].message}")
                 continue
             for t in problems:
-                lines.append(f"  {t.test:<26} {t.status:<17} {t.message}")
+                lines.append(indented(f"  {t.test:<26} {t.status:<17} {t.message}", 2 + 27 + 18))
     return "\n".join(lines)

@@ -10,7 +10,13 @@ inside the test's temp folder.  Headless Chromium (Debian's `chromium` package; 
 3. saves with Ctrl+S and finds the outputs in the notebook on disk;
 4. opens lecture 01, the notebook with the ipywidgets explorer (lab 01 itself has no widget: its one widget is
    lecture 01's DecodingExplorer, from miniengine/course/widgets.py), runs it all (FAST = True), sees the explorer's
-   slider and buttons render, clicks "next step" and sees the kernel answer through the widget.
+   slider and buttons render, clicks "next step" and sees the kernel answer through the widget;
+5. finds no "Would you like to get notified about official Jupyter news?" prompt (the venv's overrides.json, which
+   `make setup` writes, turns it off), and nbgrader's instructor tools there: this is the instructor edition.
+
+A second JupyterLab is set up as `make lab` sets up the student edition (the Makefile's lab-tools rule, with
+EDITION=student, into this test's own config folder): no news prompt, no Nbgrader menu, no "Create Assignment"
+panel, and no formgrader behind /formgrader.
 
 It skips only where no chromium executable is found; anything else fails, with a screenshot and the end of
 JupyterLab's log in the message.  The kernels run torch on one thread (OMP_NUM_THREADS=1, as tests/conftest.py
@@ -39,6 +45,9 @@ from miniengine.paths import REPO_ROOT
 pytestmark = pytest.mark.slow
 
 BUDGET_S = 240  # hard bound on the whole test; a run takes about 50-65 s on two shared cores
+NEWS = "Would you like to get notified about official Jupyter news?"  # JupyterLab 4's toast, until answered
+TOOLS = {"the Nbgrader menu": '.lm-MenuBar-itemLabel:text-is("Nbgrader")',  # nbgrader 0.9's instructor plugins
+         "the Create Assignment panel": "#nbgrader-create_assignemnt"}     # (sic: nbgrader's own widget id)
 LAB_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "lab01" / "a_correct.ipynb"
 LAB_PATH = "student/lab01_naive_decode/lab01_naive_decode.ipynb"  # where `autograder release` puts lab 01
 LECTURE = REPO_ROOT / "lectures" / "01_inference_workload.ipynb"
@@ -109,6 +118,29 @@ def isolated_env(tmp: Path) -> dict[str, str]:
     out["OMP_NUM_THREADS"] = "1"
     out["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return out
+
+
+def lab_tools(edition: str, config_dir: str) -> None:
+    """What `make lab` does to JupyterLab's nbgrader tools in ``edition``, into ``config_dir`` instead of the venv's."""
+    r = subprocess.run(["make", "-s", "-C", str(REPO_ROOT), "lab-tools", f"EDITION={edition}",
+                        f"LAB_CONFIG_DIR={config_dir}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"make lab-tools EDITION={edition} failed:\n{r.stdout}{r.stderr}"
+
+
+def news_is_off() -> None:
+    """The venv's JupyterLab settings that `make setup` writes: without them the news toast covers the notebooks."""
+    overrides = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    setting = (json.loads(overrides.read_text()) if overrides.exists() else {}).get(
+        "@jupyterlab/apputils-extension:notification", {})
+    assert setting.get("fetchNews") == "false", f"{overrides} does not turn the news prompt off: run `make setup`"
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def log_tail(path: Path, n: int = 40) -> str:
@@ -262,8 +294,10 @@ def test_student_runs_lab01_and_the_explorer_in_jupyterlab(tmp_path, monkeypatch
     nbdir = tmp_path / "notebooks"
     lab = fast_copy(LAB_FIXTURE, nbdir / LAB_PATH)
     lecture = fast_copy(LECTURE, nbdir / LECTURE_PATH)
+    news_is_off()
     for key, value in isolated_env(tmp_path).items():
         monkeypatch.setenv(key, value)  # JupyterLab, its kernels, the Playwright driver and Chromium all inherit it
+    lab_tools("instructor", os.environ["JUPYTER_CONFIG_DIR"])
     port, token = free_port(), secrets.token_hex(16)
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "jupyterlab.log"
@@ -348,6 +382,12 @@ def test_student_runs_lab01_and_the_explorer_in_jupyterlab(tmp_path, monkeypatch
                 # a click travels to the kernel, which steps the decoder and updates the widget
                 explorer.locator("button.jupyter-button", has_text="next step").click(timeout=deadline.ms())
                 expect(summary).to_have_text(re.compile(r"\d+ prompt tokens, 1 generated"), timeout=deadline.ms())
+
+                stage = step("looking for the news prompt and the instructor's tools")
+                expect(page.get_by_text(NEWS)).to_have_count(0)  # by now it would long have shown
+                for what, selector in TOOLS.items():
+                    assert page.locator(selector).count() >= 1, f"the instructor edition's JupyterLab lacks {what}"
+                assert http_status(f"{base}/formgrader?token={token}") == 200, "the formgrader is not served"
             except (AssertionError, PlaywrightError) as e:
                 shot = "(no page to capture)"
                 if page is not None:
@@ -369,3 +409,42 @@ def test_student_runs_lab01_and_the_explorer_in_jupyterlab(tmp_path, monkeypatch
     if failure:
         pytest.fail(f"browser test failed while {stage}: {failure}\n"
                     f"JupyterLab log: {log}, last lines:\n{log_tail(log)}", pytrace=False)
+
+
+def test_the_student_edition_has_no_news_prompt_and_no_instructor_tools(tmp_path, monkeypatch):
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium executable: install Debian's `chromium` package (`make browser` does, as root)")
+    from playwright.sync_api import Error as PlaywrightError, expect, sync_playwright
+
+    deadline = Deadline(120)
+    nbdir = tmp_path / "notebooks"
+    fast_copy(LAB_FIXTURE, nbdir / LAB_PATH)
+    news_is_off()
+    for key, value in isolated_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    lab_tools("student", os.environ["JUPYTER_CONFIG_DIR"])
+    port, token = free_port(), secrets.token_hex(16)
+    base, log, failure = f"http://127.0.0.1:{port}", tmp_path / "jupyterlab.log", ""
+    server = start_jupyterlab(nbdir, port, token, log, deadline)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"], timeout=deadline.ms())
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            try:
+                open_notebook(page, base, LAB_PATH, token, deadline)
+                time.sleep(5)  # the news toast shows as the notebook appears (measured: within a second)
+                expect(page.get_by_text(NEWS)).to_have_count(0)
+                for what, selector in TOOLS.items():
+                    assert page.locator(selector).count() == 0, f"the student edition's JupyterLab shows {what}"
+                expect(page.locator(".lm-MenuBar-itemLabel:text-is(\"Run\")")).to_have_count(1)  # the menus did load
+                assert http_status(f"{base}/formgrader?token={token}") == 404, "the student edition serves the formgrader"
+            except (AssertionError, PlaywrightError) as e:
+                page.screenshot(path=str(tmp_path / "failure.png"))
+                failure = f"{e}\nscreenshot: {tmp_path / 'failure.png'}"
+            finally:
+                browser.close()
+    finally:
+        stop_jupyterlab(server)
+    if failure:
+        pytest.fail(f"{failure}\nJupyterLab log: {log}, last lines:\n{log_tail(log)}", pytrace=False)

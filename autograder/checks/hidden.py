@@ -1,12 +1,62 @@
 """What a hidden test cell reports: the student's outputs on hidden prompts, for the grader to compare outside.
 
 The hidden golden outputs never enter the grading sandbox (autograder/hidden_spec.py, autograder/README.md).
+While a report is open, an exception that the student's code raises on a hidden case is shown as
+"hidden case p3-top_p (temperature 1, top_p 0.8, seed 503000), step 12: your sample raised IndexError at line 6
+of its cell": the case and the step, never the case's prompt or the exception's own text, which the grader
+would withhold (autograder/messages.py, safe_message).
 """
 from __future__ import annotations
 
+import builtins
 import importlib
+import os
+import sys
 
 from autograder.checks.convert import as_tokens
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+HARNESS = os.path.join(_REPO, "autograder") + os.sep
+# Code that is not the student's: the course's packages, and Python's and the venv's libraries.
+LIBRARIES = tuple(dict.fromkeys([HARNESS, os.path.join(_REPO, "miniengine") + os.sep] + [
+    os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)]))
+
+
+def _is_harness(code) -> bool:
+    return os.path.realpath(code.co_filename).startswith(HARNESS)
+
+
+def _is_student(code) -> bool:
+    """A function of the student's: defined in a notebook cell (or a file of theirs), not in a library."""
+    name = code.co_filename
+    return (code.co_name != "<module>" and not name.startswith("<")
+            and not os.path.realpath(name).startswith(LIBRARIES))
+
+
+def where(code, lineno: int) -> str:
+    """'at line 6 of its cell' (ipykernel compiles each cell to a file of its own), or 'at mine/lab01.py:6'."""
+    if "ipykernel_" in code.co_filename:
+        return f"at line {lineno} of its cell"
+    return f"at {os.path.basename(code.co_filename)}:{lineno}"
+
+
+def raised(etype) -> str:
+    """The exception's name where it is Python's own (a submission's own class could carry any name)."""
+    return etype.__name__ if getattr(builtins, etype.__name__, None) is etype else "an exception"
+
+
+def describe(case: dict) -> str:
+    """A case's sampling parameters, which are no secret: 'greedy', or 'temperature 0.7, top_k 40, seed 7'."""
+    p = case.get("params", {})
+    if p.get("temperature", 1.0) == 0:
+        parts = ["greedy"]
+    else:
+        parts = [f"temperature {p.get('temperature', 1.0):g}"] + ([f"top_k {p['top_k']}"] if p.get("top_k") else [])
+        parts += [f"top_p {p['top_p']:g}"] if p.get("top_p", 1.0) < 1 else []
+        parts += [f"seed {p['seed']}"] if "seed" in p else []
+    parts += [f"n {p['n']}"] if p.get("n", 1) > 1 else []
+    parts += ["ignore_eos"] if p.get("ignore_eos") else []
+    return ", ".join(parts)
 
 
 def hidden_inputs(file: str = "golden") -> dict:
@@ -44,6 +94,7 @@ class HiddenReport:
         self._spec = importlib.reload(hidden_spec)
         self.lab, self.cell, self.rows = lab, cell, []
         self._views: dict[str, dict] = {}
+        self._restore = _catch_failures(self)
 
     def data(self, file: str = "golden") -> dict:
         if file not in self._views:
@@ -65,14 +116,47 @@ class HiddenReport:
         if field == "chosen_logits":
             value = [float(x) for x in value]
         elif field == "completions":
-            value = [as_tokens(v, f"case {case['name']}: completion") for v in value]
+            value = [as_tokens(v, f"hidden case {case['name']}: completion {i}") for i, v in enumerate(value)]
         elif field == "token_ids":
-            value = as_tokens(value, f"case {case['name']}: token_ids")
+            value = as_tokens(value, f"hidden case {case['name']}: token_ids")
         self.rows.append([file, section, case["name"], field, value])
+
+    def failure(self, etype, value, tb) -> str | None:
+        """What to say of an exception that reached the cell: the hidden case and step at which the harness called
+        the student's function, what it raised and where.  None where the case is not known for sure (the engine
+        called the function, or the harness itself raised): the grader then names the error and where it was."""
+        frames = []
+        while tb is not None:
+            frames.append((tb.tb_frame, tb.tb_lineno))
+            tb = tb.tb_next
+        test = next((i for i, (f, _) in enumerate(frames) if _is_harness(f.f_code)), len(frames))
+        mine = [i for i, (f, _) in enumerate(frames) if i > test and _is_student(f.f_code)]  # called by the harness
+        if not mine or not _is_harness(frames[mine[0] - 1][0].f_code):
+            return None
+        names = {c["name"] for d in self._spec.spec(self.lab, self.cell) for c in d.cases(self.data(d.file))
+                 if d.section in self.data(d.file)}
+        caller = frames[mine[0] - 1][0].f_locals  # the harness's frame that called the student's function
+        found = [v for k, v in caller.items() if isinstance(v, dict) and v.get("name") in names]
+        case = caller.get("case") if isinstance(caller.get("case"), dict) else (found[0] if len(found) == 1 else None)
+        if case is None or case.get("name") not in names:
+            return None
+        step = next((caller[k] for k in ("t", "step") if type(caller.get(k)) is int), None)
+        first, (inner, lineno) = frames[mine[0]][0].f_code, frames[mine[-1]]
+        what = f"your {first.co_qualname}"
+        at = where(inner.f_code, lineno) if inner.f_code is first else (
+            f"(in {inner.f_code.co_qualname}, {where(inner.f_code, lineno)})")
+        guard = sys.modules.get("autograder.checks.guard")
+        if guard is not None and isinstance(value, guard.ReferenceCalled):
+            how = f"called the course's reference: {value}"  # the guard's own words, no input in them
+        else:
+            how = f"raised {raised(etype)} {at}"
+        return (f"hidden case {case['name']} ({describe(case)})" + (f", step {step}" if step is not None else "")
+                + f": {what} {how}")
 
     def submit(self) -> None:
         from IPython.display import display
 
+        self._restore()
         display({self._spec.MIME: {"cell": self.cell, "outputs": self.rows}}, raw=True)
         files = {d.file for d in self._spec.spec(self.lab, self.cell)}
         try:
@@ -81,3 +165,34 @@ class HiddenReport:
             return  # the student's sandbox: only the grader can compare
         ok, message = self._spec.judge(self.lab, self.cell, [{"cell": self.cell, "outputs": self.rows}], golden)
         assert ok, message
+
+
+def _catch_failures(report: HiddenReport):
+    """While the cell runs, show an exception from the student's code with report.failure's words (the grader reads
+    an error's name and text, not its traceback).  Returns the function that puts IPython's handling back."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return lambda: None
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "set_custom_exc"):
+        return lambda: None  # not in a kernel: the exception reaches its caller as it is
+    previous, count = (shell.custom_exceptions, shell.CustomTB), shell.execution_count
+
+    def restore():
+        shell.custom_exceptions, shell.CustomTB = previous
+
+    def handler(shell, etype, value, tb, tb_offset=None):
+        restore()
+        try:
+            message = report.failure(etype, value, tb) if shell.execution_count == count else None
+        except Exception:  # noqa: BLE001 - a check that cannot name the case must not hide the error itself
+            message = None
+        if message is None:
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        else:  # the traceback as it was, the exception's text replaced by the case and the step
+            shell._showtraceback(etype, message, shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset))
+
+    guard = sys.modules.get("autograder.checks.guard")
+    shell.set_custom_exc((Exception,) + ((guard.ReferenceCalled,) if guard else ()), handler)
+    return restore

@@ -20,7 +20,9 @@ tokens to the grader, which compares them outside your kernel.
 """
 from __future__ import annotations
 
+import builtins
 import math
+import re
 
 import torch
 
@@ -162,20 +164,59 @@ def own_functions(column_shard, row_shard, ring_all_reduce):
     checks.require_own(ring_all_reduce, "ring_all_reduce")
 
 
-def engine_tokens(column_shard, row_shard, ring_all_reduce, cases, what):
+class RankError(RuntimeError):
+    """A rank process raised: what it raised, and where in your code (torch only says which process ended)."""
+
+
+RANK_FAILED = re.compile(r"-- Process (\d+) terminated with the following error:\n(.*)", re.S)
+FRAME = re.compile(r'^  File "([^"]+)", line (\d+), in (\S+)$', re.M)
+
+
+def rank_failure(error: BaseException, what: str, hidden: bool) -> RankError | None:
+    """torch.multiprocessing's ProcessRaisedException holds the rank's traceback as text, and its first line says
+    only "-- Process 0 terminated with the following error:".  The rank's exception (its last lines) and the last
+    frame of a notebook cell in it (your function, and the line) make the message.  A hidden test's message names
+    the exception's type alone, when it is Python's own: its text could hold what your code saw of a hidden input."""
+    found = RANK_FAILED.search(str(error))
+    if found is None:
+        return None
+    rank, trace = found.group(1), found.group(2).rstrip()
+    frames = list(FRAME.finditer(trace))
+    tail = trace[frames[-1].end():].splitlines() if frames else trace.splitlines()
+    raised = "\n".join(ln for ln in tail if ln and not ln.startswith(" ")).strip() or "an exception"
+    ename = raised.split(":", 1)[0].strip()
+    cells = [f for f in frames if "ipykernel_" in f.group(1)]  # each notebook cell is compiled to a file of its own
+    where = f"in {cells[-1].group(3)}, at line {cells[-1].group(2)} of its cell" if cells else (
+        f"in {frames[-1].group(3)} ({frames[-1].group(1).rsplit('/', 1)[-1]}:{frames[-1].group(2)})" if frames else "")
+    if hidden:
+        shown = ename if isinstance(getattr(builtins, ename, None), type) else "an exception"
+        return RankError(f"your engine on 2 ranks, {what}: rank {rank} raised {shown} {where}".rstrip())
+    return RankError(f"{what} on 2 ranks: rank {rank} raised {raised}" + (f"\n  {where}" if where else ""))
+
+
+def engine_tokens(column_shard, row_shard, ring_all_reduce, cases, what, hidden=False):
     """The engine on 2 processes with your three functions (sent to the ranks by value): every case's tokens, as
-    plain ints."""
+    plain ints.  A rank that raises fails the test with its exception and where it was raised (rank_failure)."""
+    from torch.multiprocessing import ProcessRaisedException
+
     with checks.reference_forbidden("your tensor-parallel parts", forbidden=ANSWER_KEY):
         plan = tp.Plan(column_shard=column_shard, row_shard=row_shard, all_reduce=ring_all_reduce)
         llm = LLM(model=str(checks.TARGET), tensor_parallel_size=2, tensor_parallel_plan=plan)
-        outs = llm.generate([c["prompt_token_ids"] for c in cases], [SamplingParams(**c["params"]) for c in cases])
-        return [checks.as_tokens(o.token_ids, f"{what}, request {i}: token_ids") for i, o in enumerate(outs)]
+        try:
+            outs = llm.generate([c["prompt_token_ids"] for c in cases], [SamplingParams(**c["params"]) for c in cases])
+        except ProcessRaisedException as e:
+            failure = rank_failure(e, what, hidden)
+            if failure is None:
+                raise
+            raise failure from None
+        head = f"your engine on 2 ranks, {what}" if hidden else f"{what} on 2 ranks"  # a hidden message's prefix
+        return [checks.as_tokens(o.token_ids, f"{head}, request {i}: token_ids") for i, o in enumerate(outs)]
 
 
 def check_engine(column_shard, row_shard, ring_all_reduce, cases, label):
     """The visible test: every case's tokens on 2 ranks must be its golden tokens. Returns the number of cases."""
     own_functions(column_shard, row_shard, ring_all_reduce)
-    got = engine_tokens(column_shard, row_shard, ring_all_reduce, cases, f"{label} cases on 2 ranks")
+    got = engine_tokens(column_shard, row_shard, ring_all_reduce, cases, f"{label} cases")
     for c, toks in zip(cases, got):
         want = c["token_ids"]
         first = next((i for i, (a, b) in enumerate(zip(toks, want)) if a != b), min(len(toks), len(want)))
@@ -189,7 +230,7 @@ def report_engine(column_shard, row_shard, ring_all_reduce, report, label):
     outside this kernel."""
     own_functions(column_shard, row_shard, ring_all_reduce)
     cases = report.cases("golden")
-    got = engine_tokens(column_shard, row_shard, ring_all_reduce, cases, f"{label} cases on 2 ranks")
+    got = engine_tokens(column_shard, row_shard, ring_all_reduce, cases, f"{label} cases", hidden=True)
     for c, toks in zip(cases, got):
         report.add("golden", c, "token_ids", toks)
     return len(cases)
