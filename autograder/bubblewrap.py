@@ -12,7 +12,7 @@ outside; it starts the kernel through ``python -m autograder.bubblewrap``, which
   4. executes ``bwrap`` with its own user, PID, network (loopback only), IPC, UTS and cgroup
      namespaces; a read-only view of /usr, /etc, the interpreter, the venv, the engine and
      the visible data; a tmpfs for /tmp and HOME; and write access to one private folder.
-     labs/, course/, autograder/hidden/, other submissions and the gradebook are not there.
+     labs/, course/, autograder/hidden/ and design/, other submissions and the gradebook are not there.
 
 The kernel talks to the worker over Unix sockets in a folder both can see (ZeroMQ's
 ``ipc`` transport), since the sandbox has no network.  Everything the sandbox started is
@@ -164,8 +164,9 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
         args += ["--perms", "0755", "--dir", parent]
     for path in read_only:
         args += ["--ro-bind", path, path]
-    # Inside the engine's folder: no hidden data, and no other kernel's state from the venv's home.
-    for mask in (REPO / "autograder" / "hidden", Path(sys.prefix) / "home"):
+    # Inside the engine's folder: no hidden data, no design part's reference (autograder/design/, an answer key
+    # for the labs' design tasks), and no other kernel's state from the venv's home.
+    for mask in (REPO / "autograder" / "hidden", REPO / "autograder" / "design", Path(sys.prefix) / "home"):
         if mask.is_dir():
             args += ["--tmpfs", str(mask), "--remount-ro", str(mask)]
     for path in writable:

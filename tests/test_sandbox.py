@@ -126,6 +126,7 @@ def test_sandbox_sees_no_hidden_data_and_cannot_write_outside_its_folder(box):
         id -u
         ls {REPO} | tr '\\n' ' '; echo
         ls {REPO}/autograder/hidden | wc -l
+        ls {REPO}/autograder/design | wc -l
         cat {HIDDEN}/golden.json >/dev/null 2>&1 && echo READ-HIDDEN
         for f in / /etc /root {REPO} {REPO}/miniengine {REPO}/.venv; do touch $f/x 2>/dev/null && echo WROTE $f; done
         touch x ~/y /tmp/z && echo OWN-FOLDERS-OK
@@ -135,6 +136,7 @@ def test_sandbox_sees_no_hidden_data_and_cannot_write_outside_its_folder(box):
     assert lines[0] == str(box.uid), r.stdout + r.stderr
     assert lines[1].split() == ["autograder", "data", "miniengine"]  # no labs/, course/, .git
     assert lines[2] == "0"  # autograder/hidden is an empty folder inside
+    assert lines[3] == "0"  # so is autograder/design: the design parts' references and baselines
     assert "READ-HIDDEN" not in r.stdout and "WROTE" not in r.stdout
     assert "OWN-FOLDERS-OK" in r.stdout
     assert lines[-2] == "0"  # hidden inputs appear only while a hidden test cell runs

@@ -22,28 +22,46 @@ Task 4, cached_decode (decode-visible, decode-steps-visible, decode-hidden): one
   the course's while it runs.
 Task 5, your engine (engine-visible, engine-hidden): LLM on your ContiguousKVCache and CachedAttention serves every
   golden case, four requests at a time, token for token, feeding Lp + Lo - 1 tokens for each.
+Task 6, the design part, a low-bit KV cache (design-kv-bytes-visible/-hidden, design-kv-ppl-visible/-hidden):
+  bytes: bits=0 and bits=99 rejected with a ValueError naming bits; caches filled through LowBitAttention in ragged
+  passes of random K/V (a prefill joining decodes), each layer's output within 25% of exact attention; a token past
+  max_len rejected; every tensor the cache holds, counted by the tests, at most 0.16x float32 K/V. Perplexity: a
+  text fed through the KV plug in chunks (every next token scored) at most +0.5% over the float32 cache's on the
+  same text through the same path; the attention must read what the cache holds (zeroing it must change the
+  logits). The tiny model's shape and visible text; hidden: other shapes, a hidden text of the same kind.
+The numbers (numbers-visible, numbers-hidden): each answer of the numbers cell defined and a plain number of the
+  right kind; the values, with their tolerances, only in the hidden cell.
 
-Tasks 3-5 live in lab02_backend.py and lab02_decode.py, and what they all share (the answer key among it) in
-lab02_common.py: this file reloads them, and the test cells call every check from here, as lab.check_...
+Tasks 3-5 live in lab02_backend.py and lab02_decode.py, Task 6 in lab02_lowbit.py (how bytes and perplexity are
+measured) and lab02_ppl.py, and what they all share (the answer key among it) in lab02_common.py: this file reloads
+them, and the test cells call every check from here, as lab.check_...
 """
 from __future__ import annotations
 
 import importlib
 import json
+import math
+import numbers
 from types import SimpleNamespace
 
 import torch
 
 from autograder import notebook_checks as checks
-from autograder.labs import lab02_backend, lab02_common, lab02_decode
+from autograder.labs import lab02_backend, lab02_common, lab02_decode, lab02_lowbit, lab02_ppl
 
 # pristine reloads only this module: the parts are reloaded here, shared part first, each time this one is.
 lab02_common = importlib.reload(lab02_common)
 lab02_backend, lab02_decode = importlib.reload(lab02_backend), importlib.reload(lab02_decode)
+lab02_lowbit = importlib.reload(lab02_lowbit)
+lab02_ppl = importlib.reload(lab02_ppl)
 from autograder.labs.lab02_backend import check_backend, report_backend  # noqa: E402, F401
 from autograder.labs.lab02_common import ANSWER_KEY, ENGINE_KEY, require_own_class  # noqa: E402, F401
 from autograder.labs.lab02_decode import (check_decode, check_decode_steps, check_engine, report_decode,  # noqa: E402, F401
                                           report_engine)
+from autograder.labs.lab02_lowbit import (BYTES_LIMIT, PPL_LIMIT, check_lowbit_bytes, float32_bytes,  # noqa: E402, F401
+                                          held_bytes)
+from autograder.labs.lab02_ppl import (check_lowbit_ppl, golden_agreement, measure_lowbit, visible_text,  # noqa: E402, F401
+                                       window_nlls)
 
 
 # ---------------------------------------------------------------- Task 1: kv_bytes_per_token
@@ -183,3 +201,37 @@ def check_cache(ContiguousKVCache, config, max_len, dtype, bytes_per_value, writ
             assert byte_count(cache, "bytes_used") == length * per_token, (  # a hidden message also says what it got
                 f"{what}: bytes_used at length={length} should be {length * per_token}"
                 + (f", got {cache.bytes_used}" if hidden else ""))
+
+
+# ---------------------------------------------------------------- the numbers
+
+def as_number(value, name):
+    assert isinstance(value, numbers.Real) and not isinstance(value, bool), (
+        f"{name} should be a plain number (int or float), got {type(value).__name__}: set it in the numbers cell")
+    value = float(value)
+    assert math.isfinite(value), f"{name} should be a finite number, got {value}"
+    return value
+
+
+def check_numbers(ns, kinds) -> None:
+    """kinds: {name: (int or float, low, high)}: each answer defined, a plain number of that kind within a range
+    that any sensible answer lies in. Whether it is right is checked when the notebook is graded (numbers-hidden)."""
+    for name, (kind, low, high) in kinds.items():
+        assert name in ns, f"{name} is not defined: give it a value in the numbers cell"
+        value = as_number(ns[name], name)
+        assert kind is float or value.is_integer(), f"{name} counts something: expected a whole number, got {value}"
+        assert low <= value <= high, f"{name} = {value:g} is not a sensible answer (it should lie in [{low:g}, {high:g}])"
+
+
+def check_numbers_hidden(ns, expected) -> None:
+    """expected: {name: (the answer, relative tolerance)}. The message names the answers that are off, not the values."""
+    wrong = []
+    for name, (want, tolerance) in expected.items():
+        try:
+            value = as_number(ns.get(name), name)
+        except AssertionError:
+            wrong.append(f"{name} (not a number)")
+            continue
+        if abs(value - want) > tolerance * abs(want):
+            wrong.append(name + (" (a count: it must be exact)" if tolerance == 0 else f" (not within {tolerance:.1%})"))
+    assert not wrong, f"hidden case the numbers: {len(wrong)} of {len(expected)} answers are off: {', '.join(wrong)}"
