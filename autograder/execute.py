@@ -10,9 +10,25 @@ that ran keep their result, the rest score zero with a clear reason.
 """
 from __future__ import annotations
 
-from nbclient.exceptions import DeadKernelError
-from nbformat.notebooknode import NotebookNode
-from nbgrader.preprocessors import Execute
+import sys
+
+
+def skip_iri_grammar() -> None:
+    """Keep jsonschema from building the rfc3987-syntax grammar, which nothing here uses; call before nbformat.
+
+    nbformat imports jsonschema, and jsonschema imports rfc3987-syntax (when installed: Jupyter pulls it in) for
+    one format check, "iri", which builds some 35 Lark parsers at import: 1.8 s of CPU in every process, once
+    per graded notebook here (jsonschema issue 1428). A notebook's schema (draft 4) has no "iri" field, so the
+    import is refused and jsonschema goes on without that one check.
+    """
+    sys.modules.setdefault("rfc3987_syntax", None)  # a None entry makes the import raise ImportError
+
+
+skip_iri_grammar()  # before nbformat's first import, just below: grade, verify and the worker import this module first
+
+from nbclient.exceptions import DeadKernelError  # noqa: E402
+from nbformat.notebooknode import NotebookNode  # noqa: E402
+from nbgrader.preprocessors import Execute  # noqa: E402
 
 KERNEL_DIED = "DeadKernelError"
 NOT_RUN = "NotRunError"

@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--sandbox", help="autograder.bubblewrap.Sandbox as JSON: start the kernel inside it")
     args = p.parse_args(argv)
 
+    from . import execute  # noqa: F401  first: nbgrader, below, imports nbformat (execute.skip_iri_grammar)
     from . import environment
     from .config import nbgrader_api
     from .sandbox import MEMORY_ENV

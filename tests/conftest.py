@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -9,6 +10,41 @@ from miniengine.tokenizer import load_tokenizer
 
 # Tests share two cores with whatever else runs; one thread keeps timings steady.
 torch.set_num_threads(1)
+
+# The longest files first: `make test` hands whole files to its two workers in this order (--dist loadfile
+# --no-loadscope-reorder), so the long ones start at once and short ones fill in at the end, where one
+# long file left alone would keep one core idle. pytest-xdist's own order sorts files by their number of
+# tests, which queues verify and regress (two tests each) behind every other file. Verify and regress,
+# whose limits are loose (60 s and 30 s a cell), go first, side by side; the planted-bug run, with 10 s a
+# cell, after them. Seconds: the last whole run on this 2-core machine.
+LONGEST_FIRST = (
+    "test_autograder_verify.py",    # 320 s: every lab's solution and stub graded, before the design baselines
+    "test_regress.py",              # 155 s: every lecture
+    "test_autograder_fixtures.py",  # 363 s: the planted-bug submissions, graded in one run
+    "test_autograder_cli.py",       # 169 s: a student's release, check and grade; limits; messages
+    "test_browser.py",              # 81 s
+    "test_golden.py",               # 61 s
+    "test_tensor_parallel.py",      # 55 s
+    "test_student_check.py",        # 34 s
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mine_folder(tmp_path_factory):
+    """The student's saved parts (autograder/own/: labs' last cells, `check`) go to a temporary folder, never mine/."""
+    path = tmp_path_factory.mktemp("mine")
+    old = os.environ.get("MINIENGINE_MINE")
+    os.environ["MINIENGINE_MINE"] = str(path)  # kernels and subprocesses the tests start inherit it
+    yield path
+    if old is None:
+        os.environ.pop("MINIENGINE_MINE", None)
+    else:
+        os.environ["MINIENGINE_MINE"] = old
 
 
 @pytest.fixture(scope="session")
