@@ -37,7 +37,7 @@ AUTOGRADER_ROOTS = ["__init__", "__main__", "cli", "check", "notebook_checks", "
 AUTOGRADER_SHELL = {"cli"}
 # Tests for students: the engine, the models, the notebooks' conventions and `check` on a released lab.
 # Left out: every test that reads autograder/hidden/ or labs/ sources, and the instructors' verbs.
-STUDENT_TESTS = ["conftest.py", "test_attention.py", "test_cli.py", "test_engine.py", "test_hf.py",
+STUDENT_TESTS = ["conftest.py", "test_admission.py", "test_attention.py", "test_cli.py", "test_engine.py", "test_hf.py",
                  "test_kv_cache.py", "test_metrics.py", "test_model.py", "test_notebook_conventions.py",
                  "test_paged_viz.py", "test_project.py", "test_quant_viz.py", "test_reference.py",
                  "test_roofline.py", "test_sampling.py", "test_sim.py", "test_spec_viz.py", "test_student_check.py",

@@ -16,13 +16,13 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import socket
 
 import nbformat
 import pytest
 from pathlib import Path
 
+from fixture_cells import copy_fixture_set, course_cells
 from test_autograder_support import FIXTURES, REPO, explain, isolated_env, run_cli
 
 pytestmark = pytest.mark.slow
@@ -67,9 +67,9 @@ def graded(tmp_path_factory):
     env = isolated_env(work)
     submissions = work / "submissions"
     submissions.mkdir()
-    for f in FIXTURES.iterdir():  # h_corrupt is committed as .ipynb.broken; a student would hand in .ipynb
-        if f.name.endswith((".ipynb", ".ipynb.broken")):
-            shutil.copy(f, submissions / f.name.removesuffix(".broken"))
+    # h_corrupt is committed as .ipynb.broken (a student would hand in .ipynb); the lab's measurement cells stay
+    # out of every copy: verify runs them, in the lab's solution (tests/fixture_cells.py)
+    left_out = copy_fixture_set(FIXTURES, MAKE.LAB, submissions)
     before = snapshot(work)
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -90,16 +90,17 @@ def graded(tmp_path_factory):
     students = {s["student"]: s for s in json.loads((work / "grades" / "grades.json").read_text())["students"]}
     fb = run_cli("feedback", "lab01", env=env, cwd=work, timeout=300)
     return {"students": students, "stdout": r.stdout, "work": work, "feedback": fb, "env": env,
-            "before": before, "after": snapshot(work), "connected": connected}
+            "before": before, "after": snapshot(work), "connected": connected, "left_out": left_out}
 
 
-def test_fixtures_match_the_lab(tmp_path):
-    """make_fixtures.py --check: the committed fixtures are what the current lab produces."""
+def test_fixtures_match_the_lab(graded):
+    """make_fixtures.py --check: the committed fixtures are what the current lab produces. It reads the lab as
+    released into the grading run's course, which the run left current, so nbgrader is not run for it again."""
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, str(FIXTURES / "make_fixtures.py"), "--check"], cwd=tmp_path,
-                       env=isolated_env(tmp_path), capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, str(FIXTURES / "make_fixtures.py"), "--check"], cwd=graded["work"],
+                       env=graded["env"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -116,6 +117,13 @@ def test_every_fixture_was_graded_in_one_run(graded):
     assert "Traceback" not in graded["stdout"]
 
 
+def test_only_the_labs_own_measurement_cells_were_left_out(graded):
+    """What each fixture changed (its solutions, test cells, inserted cells) was graded; verify runs the rest."""
+    course = course_cells(nbformat.read(REPO / "labs" / MAKE.LAB / f"{MAKE.LAB}.ipynb", as_version=4))
+    for name, ids in graded["left_out"].items():
+        assert set(ids) <= set(course), (name, ids)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_gets_the_right_statuses_and_score(graded, name):
     about, expected, note = MAKE.FIXTURES[name]
@@ -123,7 +131,7 @@ def test_fixture_gets_the_right_statuses_and_score(graded, name):
     statuses = {t["test"]: t["status"] for t in got["tests"]}
     assert statuses == expected, f"{name} ({about}): {json.dumps(got, indent=1)[:3000]}"
     assert got["score"] == sum(t["max_points"] for t in got["tests"] if t["status"] == "passed")
-    assert got["max_score"] == 28  # raised points in a submission never change the maximum
+    assert got["max_score"] == 32  # raised points in a submission never change the maximum
     for t in got["tests"]:
         if t["status"] != "passed":
             assert t["message"], f"{name}: {t['test']} is {t['status']} without a message"

@@ -153,3 +153,56 @@ def test_lab07_converted_tokens_are_the_references(grade_id, target):
     assert len(pasted) >= 12
     for name, prompt, params, tokens in pasted:
         assert fresh[name] == (prompt, tokens), name
+
+
+# Lab 01: the bigram cases pasted into beam_search's test cells are the design reference's beams, and the graded
+# numbers' hidden values are what their formulas give for the target model.
+LAB01 = REPO_ROOT / "labs" / "lab01_naive_decode" / "lab01_naive_decode.ipynb"
+
+
+class _Recorder:
+    """Stands in for `lab` when a test cell is run here: records every call made through it."""
+
+    def __init__(self, calls, name=""):
+        self.calls, self.name = calls, name
+
+    def __getattr__(self, attr):
+        return _Recorder(self.calls, f"{self.name}.{attr}".lstrip("."))
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((self.name, args, kwargs))
+        return _Recorder(self.calls, self.name + "()")
+
+
+def lab01_calls(grade_id: str) -> list:
+    cell = next(c for c in json.loads(LAB01.read_text())["cells"]
+                if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+    source = "".join(ln for ln in cell["source"] if "importlib" not in ln)  # the harness: the recorder instead
+    calls: list = []
+    exec(source, {"lab": _Recorder(calls), "beam_search": None, "globals": lambda: {}})
+    return calls
+
+
+@pytest.mark.parametrize("grade_id", ["design-beams-visible", "design-beams-hidden"])
+def test_lab01_bigram_beams_are_the_references(grade_id):
+    from autograder.design.lab01 import beam_search
+    from autograder.labs.lab01_beams import BigramModel
+
+    (_, (_, cases), _), = [c for c in lab01_calls(grade_id) if c[0] == "check_beams_bigram"]
+    assert len(cases) >= 4
+    for table, prompt, p, want in cases:
+        got = beam_search(BigramModel(table), prompt, p["beam_width"], p["max_tokens"], p["length_penalty"],
+                          p["eos_token_id"])
+        assert [ids for ids, _ in got] == [ids for ids, _ in want], (prompt, p)
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-6), (prompt, p)
+
+
+def test_lab01_numbers_are_what_their_formulas_give():
+    from miniengine.model import load_model
+    from miniengine.paths import TARGET
+
+    cfg = load_model(TARGET).config
+    (_, (_, values), _), = [c for c in lab01_calls("numbers") if c[0] == "check_numbers" and isinstance(c[1][1], dict)]
+    assert {name: value for name, (value, _) in values.items()} == {
+        "tokens_naive": sum(100 + t for t in range(1000)), "tokens_once": 100 + 999,
+        "kv_bytes_per_token": cfg.kv_bytes_per_token(4), "beam_tokens": 10 + 4 * sum(10 + t for t in range(1, 16))}

@@ -21,6 +21,9 @@ Task 5, naive_decode (decode-visible, decode-processed-visible, decode-hidden): 
   the end-of-text token, but not with ignore_eos=True; max_tokens. The sampling parts are the course's here.
 Task 6, your engine (engine-visible, engine-hidden): LLM, with your sample() as its sampler, serves every golden
   case eight requests at a time, token for token. Every part is yours here.
+Task 7, beam_search (design-args-visible, design-beams-visible/-hidden, design-passes-visible/-hidden): see
+  lab01_beams.py.
+Numbers (numbers): each answer is a finite number; the hidden part compares it with the value, within a tolerance.
 """
 from __future__ import annotations
 
@@ -38,6 +41,12 @@ from miniengine.sampling import SamplingParams
 lab01_decode = importlib.reload(lab01_decode)
 from autograder.labs.lab01_decode import (SAMPLING, check_decode, check_decode_steps, check_engine,  # noqa: E402, F401
                                           report_decode, report_engine, visible_golden)
+# Task 7 (beam search, the design part) and the graded numbers live in lab01_beams.py, reloaded the same way.
+from autograder.labs import lab01_beams  # noqa: E402
+
+lab01_beams = importlib.reload(lab01_beams)
+from autograder.labs.lab01_beams import (BigramModel, check_beam_arguments, check_beams, check_beams_bigram,  # noqa: E402, F401
+                                         check_beams_greedy, check_passes, report_beams, report_passes)
 
 
 # ---------------------------------------------------------------- shared by Tasks 1-4
@@ -210,3 +219,21 @@ def report_sample(sample, report, ns) -> None:
         report_free_run(report, lambda row, case, t: checks.as_token(
             sample(row, SamplingParams(**case["params"]), len(case["prompt_token_ids"]) + t),
             f"hidden case {case['name']}, step {t}: sample(...)"))
+
+
+# ---------------------------------------------------------------- graded numbers
+
+def check_numbers(ns, answers) -> None:
+    """answers: a list of names (visible: each is a finite number), or {name: (value, tolerance)} (hidden: each
+    is within its tolerance of the value; the message names the answer, never the value)."""
+    for name in answers:
+        if name not in ns:
+            raise NameError(f"{name} is not defined: set it in the cell above")
+        x = ns[name]
+        if isinstance(x, torch.Tensor) and x.numel() == 1:
+            x = x.item()
+        ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+        assert ok and np.isfinite(x), f"{name} should be a number (an int or a float), got {type(x).__name__} {x!r:.40}"
+        if isinstance(answers, dict):
+            value, tolerance = answers[name]
+            assert abs(float(x) - value) <= tolerance, f"{name} = {x!r:.40} is not right (a tolerance of ±{tolerance:g})"
