@@ -1,4 +1,4 @@
-"""The labs' design parts (DESIGN.md section 6b, rule 2): their instructor modules are well formed.
+"""The labs' design parts (autograder/design/__init__.py says what each holds): their instructor modules are well formed.
 
 Each autograder/design/labNN.py names baseline cells that exist in its lab, design test cells that exist, and only
 cells whose grade ids begin with ``design-``; ``autograder verify`` then shows that the baseline fails them

@@ -1,4 +1,4 @@
-"""Lectures never print a lab's answer (DESIGN.md section 6b, rule 7).
+"""Lectures never print a lab's answer: no getsource of, and no re-definition of, a name a lab asks the student to write.
 
 Two checks on the lectures' JSON, no kernel needed: no code cell shows source code through ``inspect``, and no
 lecture defines a function or class under a name that a lab's solution region defines (a lecture that writes out
