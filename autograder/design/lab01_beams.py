@@ -156,8 +156,9 @@ def build(model_dir=TARGET) -> dict:
     files = {VISIBLE_FILE: {**header, "cases": build_cases(model64, tok, VISIBLE_PROMPTS, CONFIGS, "v")}}
     if HIDDEN_PROMPTS_FILE.exists():
         hidden = json.loads(HIDDEN_PROMPTS_FILE.read_text())["prompts"]
-        cases = build_cases(model64, tok, hidden, CONFIGS[3:] + CONFIGS[:3], "h")
-        cases += build_cases(model64, tok, hidden[::-1], WIDE, "wide", want=len(WIDE))  # from the last prompt back
+        # the wide cases first: design-passes-hidden counts the passes of the first two (hidden_spec's "first_two")
+        cases = build_cases(model64, tok, hidden[::-1], WIDE, "wide", want=len(WIDE))  # from the last prompt back
+        cases += build_cases(model64, tok, hidden, CONFIGS[3:] + CONFIGS[:3], "h")
         files[HIDDEN_FILE] = {**header, "cases": cases}
     return files
 

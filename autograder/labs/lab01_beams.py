@@ -156,18 +156,19 @@ def check_beams_bigram(beam_search, cases, hidden=False) -> None:
             compare(got, [(list(w), float(s)) for w, s in want], params["eos_token_id"], what, hidden=hidden)
 
 
-def check_beams_greedy(beam_search, n_cases) -> None:
-    """beam_width=1 with length_penalty=0 is greedy decoding: the first n_cases visible greedy golden runs."""
+def check_beams_greedy(beam_search, n_cases, max_tokens) -> None:
+    """beam_width=1 with length_penalty=0 is greedy decoding: the first max_tokens tokens of the first n_cases
+    visible greedy golden runs."""
     checks.require_own(beam_search, "beam_search")
     with checks.reference_forbidden("beam_search"):
         golden, model32, tok = visible_golden(), checks.load_model(), checks.load_tokenizer()
         for case in [c for c in golden["cases"] if c["params"]["temperature"] == 0][:n_cases]:
-            params = dict(beam_width=1, max_tokens=case["params"]["max_tokens"], length_penalty=0.0,
-                          eos_token_id=golden["eos_token_id"])
+            n = min(max_tokens, case["params"]["max_tokens"])
+            params = dict(beam_width=1, max_tokens=n, length_penalty=0.0, eos_token_id=golden["eos_token_id"])
             what = f"{case['name']} with beam_width=1, length_penalty=0 (greedy decoding)"
             got = run(beam_search, model32, case["prompt_token_ids"], params, what)
             assert len(got) == 1, f"{what}: {len(got)} beams returned, expected 1"
-            want = case["token_ids"]
+            want = case["token_ids"][:n]
             assert got[0][0] == want, (f"{what}: differs from the golden greedy run at step "
                                        f"{first_difference(got[0][0], want)}: expected {tok.decode(want)!r}, "
                                        f"got {tok.decode(got[0][0])!r}")
