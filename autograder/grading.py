@@ -54,17 +54,6 @@ class LabInfo:
     secrets: list[str]  # what would give a hidden input away in a message (hidden_secrets)
 
 
-def ask_alembic_once() -> None:
-    """nbgrader runs `alembic heads` (a Python process of its own, 3 s of CPU) for every gradebook it creates, and
-    a run creates one per lab, its template; the answer is fixed by the installed nbgrader, so ask it once."""
-    import functools
-
-    import nbgrader.api
-
-    if not hasattr(nbgrader.api.get_alembic_version, "cache_info"):
-        nbgrader.api.get_alembic_version = functools.lru_cache(maxsize=1)(nbgrader.api.get_alembic_version)
-
-
 def load_hidden() -> dict[str, dict]:
     """Every hidden golden file there is, by name: read once per grading run."""
     return {f: hidden_spec.load(f) for f in hidden_spec.FILES if (hidden_spec.HIDDEN_DIR / f"{f}.json").exists()}
@@ -250,7 +239,6 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
     grading refuses to start where no sandbox can be made.
     """
     environment.prepare(workers)
-    ask_alembic_once()
     chosen = layout.find_labs([lab])[0] if lab else None
     if workers < 1 or timeout < 1:
         raise layout.LabError("--workers and --timeout must be at least 1")

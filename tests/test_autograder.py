@@ -291,3 +291,26 @@ def test_help_lists_every_verb(tmp_path):
     r = run_cli("--help", cwd=tmp_path)
     for verb in ("release", "grade", "feedback", "check", "verify", "regress", "bench"):
         assert verb in r.stdout
+
+
+# ---------------------------------------------------------------- nbgrader's gradebook stamp
+
+def test_the_in_process_alembic_head_is_what_alembic_heads_prints(tmp_path):
+    """config.alembic_head_in_process replaces nbgrader's `alembic heads` subprocess: the same revision, and a
+    gradebook made through the course's nbgrader API carries it."""
+    from nbgrader.api import Gradebook
+    from nbgrader.dbutil import _temp_alembic_ini
+
+    from autograder import config
+
+    with _temp_alembic_ini(f"sqlite:///{tmp_path / 'unused.db'}") as ini:
+        out = subprocess.run([sys.executable, "-m", "alembic", "-c", ini, "heads"], capture_output=True, text=True,
+                             check=True).stdout
+    printed = out.split()[0]
+    config.nbgrader_api(tmp_path / "course")  # installs the in-process version
+    import nbgrader.api
+
+    assert nbgrader.api.get_alembic_version() == printed
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
+        stamped = gb.db.execute(nbgrader.api.text("select version_num from alembic_version")).scalar()
+    assert stamped == printed
