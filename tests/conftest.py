@@ -8,8 +8,13 @@ from miniengine.model import Llama, LlamaConfig, load_model
 from miniengine.paths import GOLDEN, REPO_ROOT, TARGET
 from miniengine.tokenizer import load_tokenizer
 
-# Tests share two cores with whatever else runs; one thread keeps timings steady.
+# Tests share two cores with whatever else runs; one thread keeps timings steady.  The processes the tests start
+# (the command line, benchmarks, ranks) inherit one thread too: with two workers already on two cores, a child
+# with two math threads spins against them (`bench chunked --seeds 1` took 7.7 s of CPU with one thread, and ran
+# past its 180 s limit with two).
 torch.set_num_threads(1)
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_name] = "1"
 
 # The longest files first: `make test` hands whole files to its two workers in this order (--dist loadfile
 # --no-loadscope-reorder), so the long ones start at once and short ones fill in at the end, where one
