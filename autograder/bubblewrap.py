@@ -3,15 +3,18 @@
 A submission is hostile code, and the kernel is the only process that runs it.  The
 grading worker (nbgrader, the comparison with hidden golden outputs, the grades) stays
 outside; it starts the kernel through ``python -m autograder.bubblewrap``, which:
-  1. sets resource limits that the sandbox cannot raise: address space, CPU seconds,
-     processes (per uid, so each student gets a uid of their own), file size, open files,
-     and no core dumps;
-  2. opens every folder the sandbox may see while it is still root (the interpreter lives
-     under /root here, which an unprivileged uid cannot even traverse);
-  3. drops to the student's unprivileged uid, and
-  4. executes ``bwrap`` with its own user, PID, network (loopback only), IPC, UTS and cgroup
-     namespaces; a read-only view of /usr, /etc, the interpreter, the venv, the engine and
-     the visible data; a tmpfs for /tmp and HOME; and write access to one private folder.
+  1. moves itself into the submission's cgroup, where the grader made one (``autograder.cgroups``:
+     a cap on the memory of the whole sandbox);
+  2. sets resource limits that the sandbox cannot raise: address space (where no cgroup caps
+     memory), CPU seconds, processes, file size, open files, and no core dumps;
+  3. executes ``bwrap`` in one of two modes (``autograder.isolation`` picks it):
+     * as root (``ROOT``): bwrap mounts what the student's uid cannot reach (the interpreter lives
+       under /root here), then ``setpriv`` drops to the student's own unprivileged uid;
+     * as a normal user (``USERNS``): bwrap makes an unprivileged user namespace, as Flatpak does,
+       and the kernel runs as the instructor's own uid mapped into it, with no capabilities;
+     either way with its own PID, network (loopback only), IPC, UTS and cgroup namespaces; a
+     read-only view of /usr, /etc, the interpreter, the venv, the engine and the visible data;
+     one size-capped tmpfs for /tmp, HOME and the working folder; and the runtime folder.
      labs/, course/, autograder/hidden/ and design/, other submissions and the gradebook are not there.
 
 The kernel talks to the worker over Unix sockets in a folder both can see (ZeroMQ's
@@ -33,34 +36,37 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 
 REPO = Path(__file__).resolve().parents[1]
-HOME = "/home/student"
+# One tmpfs holds everything the kernel may write besides the runtime folder, so that one size caps it all.
+SCRATCH = "/tmp"
+HOME, WORK = f"{SCRATCH}/home", f"{SCRATCH}/work"
+ROOT, USERNS = "bubblewrap-root", "bubblewrap-userns"  # the two modes, as grades.json records them
 UID_BASE, UID_COUNT = 61000, 4000  # one uid per kernel at a time, machine-wide: RLIMIT_NPROC counts per uid
 ENGINE_PARTS = ("miniengine", "autograder", "data")  # what the kernel may import or read from the repository
 
 
 @dataclasses.dataclass
 class Sandbox:
-    work: str      # the kernel's current folder, the only place it may write (besides its tmpfs)
-    runtime: str   # connection file and kernel sockets, shared with the worker
+    runtime: str   # connection file and kernel sockets, shared with the worker ("": none, for a probe)
     cases: str     # where the hidden files' inputs appear while a hidden test cell runs (read-only inside)
-    uid: int
+    uid: int | None  # the student's own uid (mode ROOT); None: the instructor's, in a user namespace (USERNS)
+    status: str = ""  # where bwrap writes its child's pid and namespaces (never inside the sandbox)
+    cgroup: str = ""  # the submission's cgroup (autograder.cgroups), which the launcher joins; "": none
     inputs: str = ""  # the grader's copy of those inputs (autograder.hidden_spec.public_view), never mounted
     hidden_cells: list = dataclasses.field(default_factory=list)  # grade ids of the lab's hidden test cells
-    memory_gb: float = 6.0
+    memory_gb: float = 6.0  # address space per process (RLIMIT_AS); 0 where a cgroup caps memory instead
     cpu_seconds: int = 600
     max_processes: int = 256  # threads count too: torch, ZeroMQ and IPython start a few dozen
     max_file_mb: int = 256
-    tmp_mb: int = 512
+    disk_mb: int = 1024  # the scratch tmpfs: /tmp, HOME and the working folder together
 
     def prepare(self) -> None:
-        """Make the private folders, owned by the student's uid (the worker runs as root)."""
+        """Make the runtime folder, owned by the student's uid where the worker runs as root."""
         os.makedirs(self.cases, exist_ok=True)
         self.show_hidden_inputs(False)
-        for folder in (self.work, self.runtime):
-            os.makedirs(folder, exist_ok=True)
-            if os.geteuid() == 0:
-                os.chown(folder, self.uid, self.uid)
-            os.chmod(folder, 0o700)
+        os.makedirs(self.runtime, exist_ok=True)
+        if self.uid is not None and os.geteuid() == 0:
+            os.chown(self.runtime, self.uid, self.uid)
+        os.chmod(self.runtime, 0o700)
 
     def show_hidden_inputs(self, shown: bool) -> None:
         """Put the hidden prompts where the kernel can read them, or take them away again (see GuardedExecute)."""
@@ -107,59 +113,44 @@ def claimed_uid():
     raise RuntimeError(f"all {UID_COUNT} sandbox uids from {UID_BASE} are in use")
 
 
-def unavailable() -> str | None:
-    """Why no sandbox can be made on this machine, or None when it can."""
-    if not sys.platform.startswith("linux"):
-        return "bubblewrap needs Linux"
-    if not shutil.which("bwrap"):
-        return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap; `make setup` does it as root)"
-    if os.geteuid() != 0:
-        return "grading must run as root, to give each student's kernel an unprivileged uid of its own"
-    import subprocess
-
-    try:
-        with claimed_uid() as uid:
-            probe = Sandbox(work="/", runtime="/", cases="/", uid=uid)
-            done = subprocess.run(probe.wrap(["/bin/true"]), capture_output=True, text=True, timeout=30)
-    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
-        return f"bwrap could not start ({e})"
-    if done.returncode != 0:
-        return f"bwrap could not make a sandbox here: {done.stderr.strip()[-300:] or done.returncode}"
-    return None
-
-
-# ------------------------------------------------------------------ inside the launcher (runs as root, then drops)
+# ------------------------------------------------------------------ inside the launcher
 
 def _read_only_sources(sandbox: Sandbox) -> list[str]:
     """Folders the kernel reads: the system, the interpreter, the venv, the engine, the visible data, the inputs."""
     prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)}
     folders = ["/usr", "/etc", *sorted(p for p in prefixes if not p.startswith("/usr/"))]
     folders += [str(REPO / part) for part in ENGINE_PARTS]
-    if sandbox.cases != "/":
+    if sandbox.cases:
         folders.append(sandbox.cases)
     return [f for f in folders if os.path.isdir(f)]
 
 
 def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
     read_only = _read_only_sources(sandbox)
-    writable = [] if sandbox.work == "/" else [sandbox.work, sandbox.runtime]
-    home = HOME
-    # bwrap runs as root so that it can mount what the student's uid cannot reach, without a user namespace, so
-    # that the uid the kernel gets is a real one: RLIMIT_NPROC does not apply to root, nor to a uid mapped to it.
+    writable = [sandbox.runtime] if sandbox.runtime else []
     args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grading-sandbox",
-            "--proc", "/proc", "--dev", "/dev",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/sbin", "/sbin"]
+            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grading-sandbox"]
+    if sandbox.uid is None:
+        # USERNS: no root, so bwrap makes a user namespace; inside it nobody may make another (a nested one
+        # would hand the kernel fresh capabilities to mount with).
+        args += ["--unshare-user", "--disable-userns"]
+    # else ROOT: bwrap runs as root so that it can mount what the student's uid cannot reach, without a user
+    # namespace, so that the uid the kernel gets is a real one: RLIMIT_NPROC does not apply to root.
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/sbin", "/sbin"]
     if os.path.isdir("/usr/lib64"):
         args += ["--symlink", "usr/lib64", "/lib64"]
-    for folder in ("/tmp", home):
-        args += ["--size", str(sandbox.tmp_mb << 20), "--perms", "1777", "--tmpfs", folder]
+    # One tmpfs for everything the kernel writes (its files live in memory and vanish with the sandbox): a full
+    # one fails the writing cell with "No space left on device", and nothing reaches the grading host's disk.
+    args += ["--size", str(sandbox.disk_mb << 20), "--perms", "1777", "--tmpfs", SCRATCH]
+    for folder in (HOME, WORK):
+        args += ["--perms", "1777", "--dir", folder]
     # A private /dev/shm: multiprocessing's locks and queues are POSIX semaphores there (lab 09 starts its
     # tensor-parallel ranks with torch.multiprocessing).  bwrap's --dev leaves it unwritable.
     args += ["--size", str(64 << 20), "--perms", "1777", "--tmpfs", "/dev/shm"]
     # bwrap would make the folders above each mount point 0700 root; the student's uid must traverse them.
     parents = sorted({str(p) for path in read_only + writable for p in Path(path).parents
-                      if str(p) not in ("/", "/tmp", home)}, key=lambda p: p.count("/"))
+                      if str(p) not in ("/", SCRATCH)}, key=lambda p: p.count("/"))
     for parent in parents:
         args += ["--perms", "0755", "--dir", parent]
     for path in read_only:
@@ -171,17 +162,19 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
             args += ["--tmpfs", str(mask), "--remount-ro", str(mask)]
     for path in writable:
         args += ["--bind", path, path]
-    if writable:
-        args += ["--chdir", sandbox.work]
+    # The sandbox's own root is a tmpfs too, writable by the kernel in a user namespace, and counted in no cap.
+    args += ["--remount-ro", "/", "--chdir", WORK]
     env = {
-        "HOME": home, "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-        "TMPDIR": "/tmp", "IPYTHONDIR": f"{home}/.ipython", "MPLCONFIGDIR": f"{home}/.matplotlib",
-        "JUPYTER_CONFIG_DIR": f"{home}/.jupyter", "JUPYTER_DATA_DIR": f"{home}/.jupyter-data",
-        "JUPYTER_RUNTIME_DIR": f"{home}/.jupyter-runtime", "JUPYTER_PLATFORM_DIRS": "1",
+        "HOME": HOME, "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+        "TMPDIR": SCRATCH, "IPYTHONDIR": f"{HOME}/.ipython", "MPLCONFIGDIR": f"{HOME}/.matplotlib",
+        "JUPYTER_CONFIG_DIR": f"{HOME}/.jupyter", "JUPYTER_DATA_DIR": f"{HOME}/.jupyter-data",
+        "JUPYTER_RUNTIME_DIR": f"{HOME}/.jupyter-runtime", "JUPYTER_PLATFORM_DIRS": "1",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-        "AUTOGRADER_KERNEL_MEMORY_GB": str(sandbox.memory_gb), "AUTOGRADER_HIDDEN_CASES": sandbox.cases,
+        "AUTOGRADER_HIDDEN_CASES": sandbox.cases,
     }
+    if sandbox.memory_gb:  # read by autograder.sandbox in the kernel; none where a cgroup caps memory
+        env["AUTOGRADER_KERNEL_MEMORY_GB"] = str(sandbox.memory_gb)
     # OPENBLAS_*: this machine's OpenBLAS needs them.  NBGRADER_EXECUTION: nbgrader's autograde sets it, and the
     # labs' measurement cells run short under it, as grading promises.
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "NBGRADER_EXECUTION"):
@@ -190,9 +183,14 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
     args.append("--clearenv")
     for name, value in env.items():
         args += ["--setenv", name, value]
-    drop = ["setpriv", f"--reuid={sandbox.uid}", f"--regid={sandbox.uid}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--no-new-privs", "--"]
-    return args + ["--", *(drop if os.geteuid() == 0 else []), *argv]
+    if sandbox.uid is not None:
+        first = ["setpriv", f"--reuid={sandbox.uid}", f"--regid={sandbox.uid}", "--clear-groups", "--inh-caps=-all",
+                 "--bounding-set=-all", "--no-new-privs", "--"]
+    else:
+        # RLIMIT_NPROC counts a uid's processes per user namespace (Linux 5.14+): set inside the sandbox's own
+        # namespace, it caps this sandbox alone, though every kernel runs as the instructor's uid.
+        first = ["prlimit", f"--nproc={sandbox.max_processes}:{sandbox.max_processes}", "--"]
+    return args + ["--", *first, *argv]
 
 
 def _set_limits(sandbox: Sandbox) -> None:
@@ -206,7 +204,8 @@ def _set_limits(sandbox: Sandbox) -> None:
     if sandbox.memory_gb:  # 0: no address-space limit (grade --memory-gb 0)
         cap(resource.RLIMIT_AS, sandbox.memory_gb * 1e9)
     cap(resource.RLIMIT_CPU, sandbox.cpu_seconds)
-    cap(resource.RLIMIT_NPROC, sandbox.max_processes)
+    if sandbox.uid is not None:  # USERNS sets it inside the sandbox (bwrap_arguments): here it would count all
+        cap(resource.RLIMIT_NPROC, sandbox.max_processes)  # of the instructor's processes, machine-wide
     cap(resource.RLIMIT_FSIZE, sandbox.max_file_mb << 20)
     cap(resource.RLIMIT_NOFILE, 1024)
     cap(resource.RLIMIT_CORE, 0)
@@ -214,6 +213,15 @@ def _set_limits(sandbox: Sandbox) -> None:
 
 def launch(sandbox: Sandbox, argv: list[str]) -> None:
     args = bwrap_arguments(sandbox, argv)
+    if sandbox.cgroup:
+        from . import cgroups
+
+        cgroups.join(sandbox.cgroup)  # before bwrap: every process of the sandbox starts inside the cap
+    if sandbox.status:
+        # bwrap writes its child's pid and namespaces here: the grader finds the sandbox by them afterwards
+        fd = os.open(sandbox.status, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.set_inheritable(fd, True)
+        args[1:1] = ["--json-status-fd", str(fd)]
     _set_limits(sandbox)  # inherited by everything in the sandbox, and past setpriv: the student's uid cannot raise them
     os.execv(shutil.which("bwrap"), args)
 
@@ -244,7 +252,7 @@ class SandboxedKernelManager(AsyncKernelManager):
     async def _async_pre_start_kernel(self, **kw):
         cmd, kw = await super()._async_pre_start_kernel(**kw)
         box = type(self).sandbox
-        if os.geteuid() == 0 and os.path.exists(self.connection_file):
+        if box.uid is not None and os.geteuid() == 0 and os.path.exists(self.connection_file):
             os.chown(self.connection_file, box.uid, box.uid)  # written 0600 by root: the kernel must read it
         kw["cwd"] = box.runtime  # the launcher's own folder; bwrap then enters the work folder
         return cmd, kw

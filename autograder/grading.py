@@ -7,7 +7,7 @@ For every submission:
      built from labs/ in this run (never copied from course/), and the submission;
   3. ``python -m autograder.worker`` runs nbgrader autograde there, with a time
      limit per cell and one for the whole notebook; the kernel runs in the student's
-     own bubblewrap sandbox (``autograder.bubblewrap``), with a uid of its own;
+     own bubblewrap sandbox (``autograder.bubblewrap``; ``autograder.isolation`` picks the mode);
   4. each test cell gets its points and a status (``results``).  A hidden test that
      reports outputs is compared here, outside the sandbox, with the hidden golden
      files (``autograder.hidden_spec``).  Messages pass an allow-list (``safe_message``);
@@ -15,23 +15,21 @@ For every submission:
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import bubblewrap, environment, hidden_spec, layout, release, results, submissions
+from . import cgroups, environment, hidden_spec, isolation, layout, release, results, submissions
 from .config import COURSE_ID, nbgrader_api, succeeded
 from .messages import (DIED, hidden_secrets, judge_hidden_outputs, notes_from_log, notes_from_outputs,
                        notes_from_submission, redact, safe_message)
-from .processes import kill_tree, leftover_processes
+from .processes import kill_tree
 from .results import CORRUPT, ERROR, MISSING, TIMED_OUT, StudentResult, TestCell
 
 
@@ -100,25 +98,20 @@ def _scores(db: Path, lab: str, student: str) -> dict[str, float | None]:
 
 
 def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float,
-              time_limit: int, sandboxed: bool = True, inputs: Path | None = None) -> tuple[StudentResult, Path]:
-    """Grade one submission; its kernel runs in a sandbox with a uid of its own, unless ``sandboxed`` is False."""
-    with (bubblewrap.claimed_uid() if sandboxed else contextlib.nullcontext()) as uid:
-        return _grade_one(sub, info, run_dir, timeout, memory_gb, time_limit, uid, inputs)
-
-
-def _grade_one(sub, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float, time_limit: int,
-               uid: int | None, inputs: Path | None) -> tuple[StudentResult, Path]:
+              time_limit: int, mode: str = isolation.NONE, inputs: Path | None = None) -> tuple[StudentResult, Path]:
+    """Grade one submission; its kernel runs in a sandbox of the ``mode`` isolation.choose() picked (or none)."""
     import nbformat
 
     start = time.monotonic()
     lab = info.lab.name
     shown = str(sub.path)
-    mode = "bubblewrap" if uid is not None else "none"
+    root = run_dir / f"{sub.student}__{lab}"
+    kept = isolation.KernelBox(mode, root, memory_gb, time_limit, inputs, [t.grade_id for t in info.tests if t.hidden])
 
     def done(tests, notes=()):
-        return StudentResult(sub.student, lab, shown, tests, list(notes), time.monotonic() - start, mode)
+        return StudentResult(sub.student, lab, shown, tests, list(notes), time.monotonic() - start, mode,
+                             kept.memory_cap)
 
-    root = run_dir / f"{sub.student}__{lab}"
     try:
         submitted_nb = nbformat.read(sub.path, as_version=4)
         nbformat.validate(submitted_nb)
@@ -132,26 +125,18 @@ def _grade_one(sub, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float
     shutil.copyfile(info.template_db, root / "gradebook.db")
     cmd = [sys.executable, "-m", "autograder.worker", "--root", str(root), "--lab", lab, "--student", sub.student,
            "--timeout", str(timeout), "--memory-gb", str(memory_gb)]
-    if uid is not None:
-        # The kernel's sockets: a short path of their own, since a Unix socket's path has at most 107 bytes.
-        runtime = tempfile.mkdtemp(prefix="autograder-")
-        box = bubblewrap.Sandbox(work=str(root / "sandbox" / "work"), runtime=runtime,
-                                 cases=str(root / "sandbox" / "hidden-inputs"), uid=uid, memory_gb=memory_gb,
-                                 cpu_seconds=time_limit, inputs=str(inputs or ""),
-                                 hidden_cells=[t.grade_id for t in info.tests if t.hidden])
-        cmd += ["--sandbox", json.dumps(dataclasses.asdict(box))]
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=time_limit)
-        capped = False
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        out, err = proc.communicate()
-        capped = True
-    stray = leftover_processes(uid) if uid is not None else 0
-    if uid is not None:
-        shutil.rmtree(runtime, ignore_errors=True)
+    with kept as box:  # on leaving: whatever of the sandbox still runs is killed, its cgroup removed
+        if box is not None:
+            cmd += ["--sandbox", json.dumps(dataclasses.asdict(box))]
+        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=time_limit)
+            capped = False
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            out, err = proc.communicate()
+            capped = True
 
     log = (root / "worker.log").read_text() if (root / "worker.log").exists() else ""
     autograded = root / "autograded" / sub.student / lab / f"{lab}.ipynb"
@@ -185,8 +170,11 @@ def _grade_one(sub, info: LabInfo, run_dir: Path, timeout: int, memory_gb: float
     notes = (notes_from_submission(submitted_nb, info) + notes_from_log(log)
              + notes_from_outputs(nb, {t.grade_id for t in info.tests}, timeout))
     notes = [redact(n, info.secrets) for n in notes]
-    if stray:
-        notes.append(f"{stray} process(es) of this submission were still running after grading and were killed")
+    if kept.out_of_memory:
+        notes.append(f"the submission used all the memory it may ({kept.memory_cap}, all its processes together), "
+                     f"and the kernel's OOM killer stopped a process of it")
+    if kept.stray:
+        notes.append(f"{kept.stray} process(es) of this submission were still running after grading and were killed")
     return done(tests, notes), root
 
 
@@ -242,11 +230,15 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
     chosen = layout.find_labs([lab])[0] if lab else None
     if workers < 1 or timeout < 1:
         raise layout.LabError("--workers and --timeout must be at least 1")
+    mode = isolation.NONE
     if sandbox:
-        reason = bubblewrap.unavailable()
-        if reason:
-            raise layout.LabError(f"no sandbox can be made for the submissions' kernels: {reason}. Submissions are "
+        try:
+            mode = isolation.choose()
+        except isolation.Unavailable as e:
+            raise layout.LabError(f"no sandbox can be made for the submissions' kernels: {e}. Submissions are "
                                   f"untrusted code; to grade notebooks you trust without one, pass --unsafe-no-sandbox")
+        echo(f"sandbox: {mode} ({isolation.DESCRIPTION[mode]}); memory cap per submission: "
+             f"{isolation.memory_cap_name((cgroups.find() or (None,))[0], memory_gb)}")
     else:
         echo(UNSAFE_WARNING)
     run_dir = layout.COURSE / "tmp" / f"grade-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -263,7 +255,7 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
         graded: list[tuple[StudentResult, Path]] = []
         inputs = write_hidden_inputs(run_dir, hidden)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(grade_one, s, infos[s.lab.name], run_dir, timeout, memory_gb, limit, sandbox, inputs)
+            futures = [pool.submit(grade_one, s, infos[s.lab.name], run_dir, timeout, memory_gb, limit, mode, inputs)
                        for s in subs]
             for n, fut in enumerate(as_completed(futures), 1):
                 r, root = fut.result()

@@ -149,6 +149,11 @@ def notes_from_log(log: str) -> list[str]:
     return list(dict.fromkeys(notes))
 
 
+# A full scratch tmpfs (autograder.bubblewrap.SCRATCH): the student's own cell fails, and the note says why.
+DISK_FULL = ("OSError: No space left on device: the submission's files (its working folder, /tmp and HOME "
+             "together) reached the sandbox's disk cap")
+
+
 def notes_from_outputs(nb, test_ids: set[str], timeout: int) -> list[str]:
     """Events in cells other than test cells that explain the test results: timeouts, exits, crashes."""
     notes = []
@@ -166,7 +171,9 @@ def notes_from_outputs(nb, test_ids: set[str], timeout: int) -> list[str]:
             if o.get("output_type") != "error":
                 continue
             ename = o.get("ename")
-            if ename in ("SystemExit", "MemoryError", "DeadKernelError"):
+            if ename == "OSError" and "No space left on device" in str(o.get("evalue")):
+                notes.append(f"{label}: {DISK_FULL}")
+            elif ename in ("SystemExit", "MemoryError", "DeadKernelError"):
                 notes.append(f"{label}: {results.describe_error(ename, o.get('evalue'), 160)}")
             else:  # the name only, from the built-ins: a student's own exception class could carry text
                 notes.append(f"{label} raised {ename if ename in SHOWN_ERRORS else 'an exception'}; "

@@ -1,4 +1,4 @@
-"""What a submission leaves running: the grading worker's process tree, and anything still under a student's uid.
+"""What a submission leaves running: the grading worker's process tree, and anything still in a student's sandbox.
 
 Both are killed after every submission, so that nothing a student started outlives its grading.
 """
@@ -37,3 +37,40 @@ def leftover_processes(uid: int) -> int:
             pass
     psutil.wait_procs(left, timeout=10)
     return len(left)
+
+
+def leftover_in_namespace(status_file, since: float) -> int:
+    """Kill the sandbox's PID namespace if it outlived its worker; how many processes it held besides its init.
+
+    Where every kernel runs as the instructor's uid (bubblewrap.USERNS), a uid names no sandbox. bwrap's status
+    file names the namespace's init (its pid and namespace) instead: everything the sandbox started is in that
+    namespace, and the kernel kills all of it when the init dies. The pid counts only if that process started
+    after the submission did and is still in that namespace, so a reused pid or namespace number is never hit.
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    import psutil
+
+    try:
+        status, _ = json.JSONDecoder().raw_decode(Path(status_file).read_text())
+        pid, namespace = int(status["child-pid"]), int(status["pid-namespace"])
+        init = psutil.Process(pid)
+        if init.create_time() < since - 1 or os.stat(f"/proc/{pid}/ns/pid").st_ino != namespace:
+            return 0
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return 0  # no status (the sandbox never started) or its init is gone, and with it the whole namespace
+    inside = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != pid and os.stat(f"/proc/{p.pid}/ns/pid").st_ino == namespace:
+                inside.append(p)
+        except OSError:
+            pass
+    try:
+        init.kill()
+    except psutil.Error:
+        pass
+    psutil.wait_procs([init, *inside], timeout=10)
+    return len(inside)

@@ -52,7 +52,8 @@ class StudentResult:
     tests: list[TestResult]
     notes: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
-    sandbox: str = "bubblewrap"  # or "none": graded with --unsafe-no-sandbox
+    sandbox: str = "bubblewrap-root"  # or "bubblewrap-userns" (autograder.isolation), or "none": --unsafe-no-sandbox
+    memory_cap: str = ""  # e.g. "cgroup v1 memory.limit_in_bytes 6 GB", "RLIMIT_AS 6 GB per process"
 
     @property
     def score(self) -> float:
@@ -174,14 +175,16 @@ def write_csv(results: list[StudentResult], path: Path) -> None:
 def to_json(results: list[StudentResult]) -> dict:
     return {"students": [
         {"student": r.student, "lab": r.lab, "submission": r.submission, "score": r.score, "max_score": r.max_score,
-         "seconds": round(r.seconds, 1), "sandbox": r.sandbox, "notes": r.notes,
+         "seconds": round(r.seconds, 1), "sandbox": r.sandbox,
+         "memory_cap": r.memory_cap, "notes": r.notes,
          "tests": [dataclasses.asdict(t) for t in r.tests]}
         for r in results]}
 
 
 def from_json(data: dict) -> list[StudentResult]:
     return [StudentResult(s["student"], s["lab"], s["submission"], [TestResult(**t) for t in s["tests"]],
-                          s.get("notes", []), s.get("seconds", 0.0), s.get("sandbox", "bubblewrap"))
+                          s.get("notes", []), s.get("seconds", 0.0), s.get("sandbox", "bubblewrap"),
+                          s.get("memory_cap", ""))
             for s in data["students"]]
 
 

@@ -23,7 +23,7 @@ import pytest
 from pathlib import Path
 
 from fixture_cells import copy_fixture_set, course_cells
-from test_autograder_support import FIXTURES, REPO, explain, isolated_env, run_cli
+from test_autograder_support import FIXTURES, REPO, explain, normal_user, run_cli, user_env
 
 pytestmark = pytest.mark.slow
 
@@ -62,35 +62,37 @@ def snapshot(work) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    work = tmp_path_factory.mktemp("fixtures")
-    env = isolated_env(work)
-    submissions = work / "submissions"
-    submissions.mkdir()
-    # h_corrupt is committed as .ipynb.broken (a student would hand in .ipynb); the lab's measurement cells stay
-    # out of every copy: verify runs them, in the lab's solution (tests/fixture_cells.py)
-    left_out = copy_fixture_set(FIXTURES, MAKE.LAB, submissions)
-    before = snapshot(work)
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", LISTEN_PORT))  # a clear failure if something else holds the port
-    listener.listen()
-    listener.setblocking(False)
-    try:
-        r = run_cli("grade", submissions, "--lab", "lab01", "--workers", 2, "--timeout", 10, "--out", work / "grades",
-                    env=env, cwd=work, timeout=900)
+def graded():
+    """The one grading run of every fixture, as a normal user (issue 24): in a user namespace, as an instructor on a
+    laptop grades. Root's mode, a uid per student, is graded by tests/test_autograder_cli.py's runs."""
+    with normal_user() as (work, as_user):
+        env = user_env(work)
+        submissions = work / "submissions"
+        submissions.mkdir()
+        # h_corrupt is committed as .ipynb.broken (a student would hand in .ipynb); the lab's measurement cells stay
+        # out of every copy: verify runs them, in the lab's solution (tests/fixture_cells.py)
+        left_out = copy_fixture_set(FIXTURES, MAKE.LAB, submissions)
+        before = snapshot(work)
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", LISTEN_PORT))  # a clear failure if something else holds the port
+        listener.listen()
+        listener.setblocking(False)
         try:
-            listener.accept()
-            connected = True
-        except BlockingIOError:
-            connected = False
-    finally:
-        listener.close()
-    assert r.returncode == 0, explain(r)
-    students = {s["student"]: s for s in json.loads((work / "grades" / "grades.json").read_text())["students"]}
-    fb = run_cli("feedback", "lab01", env=env, cwd=work, timeout=300)
-    return {"students": students, "stdout": r.stdout, "work": work, "feedback": fb, "env": env,
-            "before": before, "after": snapshot(work), "connected": connected, "left_out": left_out}
+            r = run_cli("grade", submissions, "--lab", "lab01", "--workers", 2, "--timeout", 10, "--out",
+                        work / "grades", env=env, cwd=work, timeout=900, **as_user)
+            try:
+                listener.accept()
+                connected = True
+            except BlockingIOError:
+                connected = False
+        finally:
+            listener.close()
+        assert r.returncode == 0, explain(r)
+        students = {s["student"]: s for s in json.loads((work / "grades" / "grades.json").read_text())["students"]}
+        fb = run_cli("feedback", "lab01", env=env, cwd=work, timeout=300, **as_user)
+        yield {"students": students, "stdout": r.stdout, "work": work, "feedback": fb, "env": env,
+               "before": before, "after": snapshot(work), "connected": connected, "left_out": left_out}
 
 
 def test_fixtures_match_the_lab(graded):
@@ -200,7 +202,7 @@ def hidden_strings() -> list[str]:
 def test_attacks_score_their_honest_zero(graded):
     for name in ATTACKS:
         assert graded["students"][name]["score"] == 0, (name, graded["students"][name])
-        assert graded["students"][name]["sandbox"] == "bubblewrap"
+        assert graded["students"][name]["sandbox"] == "bubblewrap-userns"
 
 
 def test_no_hidden_data_in_grades_or_feedback(graded):
@@ -242,6 +244,41 @@ def test_no_process_left_and_no_connection_made(graded):
 def test_grading_log_hashes_the_files_written(graded):
     out = graded["work"] / "grades"
     line = (out / "grading.log").read_text().splitlines()[-1]
-    assert "sandbox=bubblewrap" in line
+    assert "sandbox=bubblewrap-userns" in line
     for name in ("grades.csv", "grades.json"):
         assert f"{name} sha256={hashlib.sha256((out / name).read_bytes()).hexdigest()}" in line
+
+
+def test_the_run_says_its_sandbox_and_each_student_records_it_and_the_memory_cap(graded):
+    """Graded as a normal user: bwrap in a user namespace; the memory cap is a cgroup's only where this user may
+    make one (autograder/cgroups.py), else the address-space limit per process."""
+    from autograder import cgroups
+
+    found = cgroups.find()
+    cap = f"{found[0]} 6 GB" if found else "RLIMIT_AS 6 GB per process"
+    said = [ln for ln in graded["stdout"].splitlines() if ln.startswith("sandbox: ")]
+    assert said == [f"sandbox: bubblewrap-userns (bwrap in an unprivileged user namespace, every kernel as your own "
+                    f"uid); memory cap per submission: {cap}"], graded["stdout"][:2000]
+    for name, student in graded["students"].items():
+        assert student["sandbox"] == "bubblewrap-userns", name
+        assert student["memory_cap"] == cap, name
+
+
+def test_a_full_disk_fails_only_the_cell_that_filled_it_and_says_so(graded):
+    """q_disk_full writes 10 GB; the scratch tmpfs (1 GB: working folder, /tmp and HOME together) stops it."""
+    from autograder.messages import DISK_FULL
+
+    notes = graded["students"]["q_disk_full"]["notes"]
+    assert any(n.startswith("cell ") and n.endswith(f": {DISK_FULL}") for n in notes), notes
+    assert not any(DISK_FULL in n for name, s in graded["students"].items() if name != "q_disk_full" for n in s["notes"])
+
+
+def test_memory_past_the_cap_stops_only_that_submission(graded):
+    """q_memory_cap takes 8 GB: the address-space limit refuses it in its own cell; a cgroup's OOM killer ends its
+    kernel (or the cell runs past its time limit first, on a machine slow to hand out fresh pages)."""
+    student = graded["students"]["q_memory_cap"]
+    notes = " | ".join(student["notes"])
+    if student["memory_cap"].startswith("RLIMIT_AS"):
+        assert ": MemoryError" in notes, notes
+    else:
+        assert "OOM killer" in notes or "ran past the 10 s limit" in notes, notes
