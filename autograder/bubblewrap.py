@@ -163,7 +163,8 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
     for path in writable:
         args += ["--bind", path, path]
     # The sandbox's own root is a tmpfs too, writable by the kernel in a user namespace, and counted in no cap.
-    args += ["--remount-ro", "/", "--chdir", WORK]
+    # So are /dev's (the devices are mounts of their own, so /dev/null and /dev/shm stay writable).
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK]
     env = {
         "HOME": HOME, "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
         "TMPDIR": SCRATCH, "IPYTHONDIR": f"{HOME}/.ipython", "MPLCONFIGDIR": f"{HOME}/.matplotlib",

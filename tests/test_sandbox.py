@@ -105,16 +105,22 @@ def test_every_spec_names_a_hidden_test_cell_that_reports_and_no_hidden_cell_rea
 
 
 
-@pytest.fixture
-def box(tmp_path):
+@contextlib.contextmanager
+def make_box(folder, **limits):
     mode = isolation.choose()  # raises, saying what is missing, where no sandbox can be made: `make sandbox`
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
+    inputs = folder / "inputs"
+    inputs.mkdir(parents=True)
     (inputs / "golden.json").write_text('{"cases": []}')
     with (bubblewrap.claimed_uid() if mode == bubblewrap.ROOT else contextlib.nullcontext()) as uid:
-        sandbox = bubblewrap.Sandbox(runtime=str(tmp_path / "run"), cases=str(tmp_path / "cases"), uid=uid,
-                                     inputs=str(inputs), memory_gb=2, cpu_seconds=30, disk_mb=64)
+        sandbox = bubblewrap.Sandbox(runtime=str(folder / "run"), cases=str(folder / "cases"), uid=uid,
+                                     inputs=str(inputs), **{"memory_gb": 2, "cpu_seconds": 30, "disk_mb": 64, **limits})
         sandbox.prepare()
+        yield sandbox
+
+
+@pytest.fixture
+def box(tmp_path):
+    with make_box(tmp_path) as sandbox:
         yield sandbox
 
 
@@ -175,6 +181,61 @@ def test_everything_the_sandbox_started_dies_with_it(box):
     time.sleep(0.5)
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+def test_one_size_caps_everything_the_sandbox_writes(box):
+    """Working folder, /tmp and HOME share one tmpfs (64 MB here): the write that passes it fails with "No space
+    left", and nothing else in the sandbox is writable, its root included (a user namespace owns its root)."""
+    r = run_in(box, """
+        dd if=/dev/zero of=a bs=1M count=30 2>/dev/null && echo WORK-30
+        dd if=/dev/zero of=/tmp/b bs=1M count=30 2>/dev/null && echo TMP-30
+        dd if=/dev/zero of=$HOME/c bs=1M count=30 2>&1 | grep -o 'No space left on device'
+        for f in / /usr /etc /home /dev /proc/x; do touch $f/x 2>/dev/null && echo WROTE $f; done
+        echo ok > /dev/null && echo ok > /dev/shm/x && echo DEVICES-OK
+    """)
+    assert r.stdout.split("\n")[:3] == ["WORK-30", "TMP-30", "No space left on device"], r.stdout + r.stderr
+    assert "WROTE" not in r.stdout and "DEVICES-OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_sandbox_at_its_process_limit_leaves_another_sandbox_its_own(tmp_path):
+    """RLIMIT_NPROC caps each sandbox alone, in both modes: a uid per student (root), or the process count of the
+    sandbox's own user namespace (a normal user, where every kernel has the instructor's uid)."""
+    with make_box(tmp_path / "a", max_processes=20) as a, make_box(tmp_path / "b", max_processes=20) as b:
+        fill = ("import os, time\nstarted = 0\nfor _ in range(40):\n    try:\n        if os.fork() == 0:\n"
+                "            time.sleep(30)\n            os._exit(0)\n        started += 1\n    except OSError:\n"
+                "        pass\nprint(started, flush=True)\ntime.sleep(30)")
+        full = subprocess.Popen(a.wrap(["python", "-c", fill]), stdout=subprocess.PIPE, text=True)
+        try:
+            assert 10 <= int(full.stdout.readline()) < 20  # 20 less python itself (and bwrap's init, which a user namespace counts)
+            r = run_in(b, "for i in $(seq 10); do sleep 1 & done; wait; echo TEN-STARTED")
+            assert r.stdout.strip() == "TEN-STARTED", r.stdout + r.stderr
+        finally:
+            full.kill()
+            full.wait()
+
+
+def test_a_cgroup_caps_the_memory_of_the_whole_sandbox_where_one_can_be_made(tmp_path):
+    """As root on a machine with a memory cgroup (v2, or v1 as here): two processes of 150 MB each pass a 0.25 GB
+    cap together, and the OOM killer acts inside the sandbox; with no address-space limit. Elsewhere: the grader
+    records that RLIMIT_AS per process is the cap."""
+    from autograder import cgroups
+
+    found = cgroups.find()
+    if found is None:
+        assert os.geteuid() != 0 or not any(m[1].startswith("cgroup") for m in cgroups._mounts())
+        assert isolation.memory_cap_name(None, 6) == "RLIMIT_AS 6 GB per process"
+        return
+    folder = cgroups.create(*found, 0.25)
+    try:
+        with make_box(tmp_path, memory_gb=0, cgroup=str(folder)) as sandbox:
+            use = "import numpy as np; a = np.empty(150 << 20, np.uint8); a[::4096] = 1; import time; time.sleep(3)"
+            r = run_in(sandbox, f"grep 'Max address space' /proc/self/limits; "
+                                f"python -c '{use}' & python -c '{use}'; wait; echo DONE")
+        assert "unlimited" in r.stdout.split("\n")[0] and "DONE" in r.stdout, r.stdout + r.stderr
+        assert cgroups.ran_out(folder)
+    finally:
+        cgroups.remove(folder)  # (a process the OOM killer ended may still be on its way out: killed again)
+        assert not folder.exists()
 
 
 def test_a_kernel_that_never_starts_fails_every_cell_instead_of_passing_it(tmp_path):
