@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--notebook-timeout", type=_positive(int), default=None,
                    help="seconds per notebook (default max(120, 6 x --timeout))")
     g.add_argument("--memory-gb", type=_positive(float, allow_zero=True), default=6.0,
-                   help="address-space limit per kernel, 0 for none (default 6)")
+                   help="memory per submission: a cgroup's cap where one can be made, else address space per "
+                        "process; 0 for none (default 6)")
     g.add_argument("--out", help="folder for grades.csv and grades.json (default course/grades/LAB)")
     g.add_argument("--brief", action="store_true", help="print only the summary table")
     g.add_argument("--keep", action="store_true", help="keep the per-student nbgrader courses under course/tmp/")
