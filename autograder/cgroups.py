@@ -94,16 +94,24 @@ def join(folder: str) -> None:
     Path(folder, "cgroup.procs").write_text(str(os.getpid()))
 
 
-def ran_out(folder: Path) -> bool:
-    """Whether the OOM killer killed a process of this cgroup."""
-    for name, key in (("memory.events", "oom_kill"), ("memory.oom_control", "oom_kill")):
-        try:
-            for line in (folder / name).read_text().splitlines():
-                if line.split()[0] == key and int(line.split()[1]) > 0:
-                    return True
-        except (OSError, IndexError, ValueError):
-            continue
-    return False
+def _counter(folder: Path, name: str, key: str | None) -> int:
+    try:
+        text = (folder / name).read_text()
+    except OSError:
+        return 0
+    if key is None:
+        return int(text.split()[0]) if text.split() else 0
+    return sum(int(line.split()[1]) for line in text.splitlines() if line.split()[:1] == [key])
+
+
+def ran_out(folder: Path) -> str:
+    """"oom" if the OOM killer killed a process of this cgroup, "cap" if its memory reached the cap (the kernel
+    then reclaims, and a kernel stuck reclaiming stops answering before any kill), else ""."""
+    if _counter(folder, "memory.events", "oom_kill") or _counter(folder, "memory.oom_control", "oom_kill"):
+        return "oom"
+    if _counter(folder, "memory.events", "max") or _counter(folder, "memory.failcnt", None):
+        return "cap"
+    return ""
 
 
 def remove(folder: Path) -> int:

@@ -171,8 +171,8 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
              + notes_from_outputs(nb, {t.grade_id for t in info.tests}, timeout))
     notes = [redact(n, info.secrets) for n in notes]
     if kept.out_of_memory:
-        notes.append(f"the submission used all the memory it may ({kept.memory_cap}, all its processes together), "
-                     f"and the kernel's OOM killer stopped a process of it")
+        notes.append(f"the submission reached its memory cap ({kept.memory_cap}, all its processes together)"
+                     + (", and the kernel's OOM killer stopped a process of it" if kept.out_of_memory == "oom" else ""))
     if kept.stray:
         notes.append(f"{kept.stray} process(es) of this submission were still running after grading and were killed")
     return done(tests, notes), root

@@ -70,13 +70,13 @@ def memory_cap_name(kind: str | None, gigabytes: float) -> str:
 class KernelBox:
     """One submission's sandbox: ``with KernelBox(...) as box`` yields the Sandbox for its worker (None when
     unsandboxed), and on leaving kills what is left of it.  Read afterwards: ``stray`` (processes killed),
-    ``memory_cap`` (what grades.json records) and ``out_of_memory`` (a cgroup's OOM killer acted)."""
+    ``memory_cap`` (what grades.json records) and ``out_of_memory`` (cgroups.ran_out: the cap was reached)."""
 
     def __init__(self, mode: str, root: Path, memory_gb: float, time_limit: int, inputs: Path | None,
                  hidden_cells: list[str]):
         self.mode, self.root, self.memory_gb = mode, Path(root), memory_gb
         self.time_limit, self.inputs, self.hidden_cells = time_limit, inputs, hidden_cells
-        self.stray, self.out_of_memory = 0, False
+        self.stray, self.out_of_memory = 0, ""
         self.memory_cap = memory_cap_name(None, memory_gb)
         self._claim = self._uid = self._cgroup = self._runtime = None
 

@@ -278,11 +278,11 @@ def test_a_full_disk_fails_only_the_cell_that_filled_it_and_says_so(graded):
 
 
 def test_memory_past_the_cap_stops_only_that_submission(graded):
-    """q_memory_cap takes 8 GB: the address-space limit refuses it in its own cell; a cgroup's OOM killer ends its
-    kernel (or the cell runs past its time limit first, on a machine slow to hand out fresh pages)."""
+    """q_memory_cap takes 8 GB: the address-space limit refuses it in its own cell; under a cgroup its kernel reaches
+    the cap and is killed (by the OOM killer, or by the worker when, reclaiming, it stops answering)."""
     student = graded["students"]["q_memory_cap"]
     notes = " | ".join(student["notes"])
     if student["memory_cap"].startswith("RLIMIT_AS"):
         assert ": MemoryError" in notes, notes
     else:
-        assert "OOM killer" in notes or "ran past the 10 s limit" in notes, notes
+        assert "reached its memory cap" in notes, notes
