@@ -109,7 +109,8 @@ def ran_out(folder: Path) -> str:
     then reclaims, and a kernel stuck reclaiming stops answering before any kill), else ""."""
     if _counter(folder, "memory.events", "oom_kill") or _counter(folder, "memory.oom_control", "oom_kill"):
         return "oom"
-    if _counter(folder, "memory.events", "max") or _counter(folder, "memory.failcnt", None):
+    if _counter(folder, "memory.events", "max") or _counter(folder, "memory.failcnt", None) or \
+            _counter(folder, "memory.memsw.failcnt", None):  # (v1 charges memory plus swap first, where both are set)
         return "cap"
     return ""
 
