@@ -250,6 +250,24 @@ def test_a_kernel_that_never_starts_fails_every_cell_instead_of_passing_it(tmp_p
     assert "not run: the grading kernel failed" in out.cells[1].outputs[0]["evalue"]
 
 
+def test_grading_refuses_where_no_sandbox_can_be_made_and_says_what_failed_and_how_to_fix_it(monkeypatch):
+    """No bwrap: install it. A normal user whose kernel refuses user namespaces: what bwrap said, the settings
+    that allow them, and root as the other way."""
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
+    with pytest.raises(isolation.Unavailable, match=r"bwrap is not installed: install the bubblewrap package "
+                                                    r"\(Debian/Ubuntu: sudo apt-get install bubblewrap"):
+        isolation.choose()
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: "/usr/bin/bwrap")
+    monkeypatch.setattr(isolation.os, "geteuid", lambda: 1000)
+    refused = subprocess.CompletedProcess([], 1, "", "bwrap: No permissions to create new namespace")
+    monkeypatch.setattr(isolation.subprocess, "run", lambda *a, **k: refused)
+    with pytest.raises(isolation.Unavailable) as e:
+        isolation.choose()
+    assert str(e.value) == ("not root (uid 1000), so bwrap needs an unprivileged user namespace, and it could not make "
+                            "one: bwrap: No permissions to create new namespace. To fix it, " + isolation.ENABLE_USERNS)
+    assert "user.max_user_namespaces" in str(e.value) and "grade as root" in str(e.value)
+
+
 def test_concurrent_claims_never_share_a_uid():
     with bubblewrap.claimed_uid() as a, bubblewrap.claimed_uid() as b:
         assert a != b
