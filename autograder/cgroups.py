@@ -105,8 +105,8 @@ def _counter(folder: Path, name: str, key: str | None) -> int:
 
 
 def ran_out(folder: Path) -> str:
-    """"oom" if the OOM killer killed a process of this cgroup, "cap" if its memory reached the cap (the kernel
-    then reclaims, and a kernel stuck reclaiming stops answering before any kill), else ""."""
+    """"oom" if the OOM killer killed a process of this cgroup, "cap" if its memory reached the cap without a kill
+    (v2's memory.events "max"; v1's failcnt stayed 0 on Linux 6.18 here, even at an OOM kill), else ""."""
     if _counter(folder, "memory.events", "oom_kill") or _counter(folder, "memory.oom_control", "oom_kill"):
         return "oom"
     if _counter(folder, "memory.events", "max") or _counter(folder, "memory.failcnt", None) or \
