@@ -68,6 +68,15 @@ class Sandbox:
             os.chown(self.runtime, self.uid, self.uid)
         os.chmod(self.runtime, 0o700)
 
+    def close_runtime(self) -> None:
+        """Once the kernel has made its sockets (it answers before the first cell runs), take the runtime folder
+        back from the student's uid (ROOT): the kernel can then create no file there, so the folder's files stay
+        its sockets and cannot fill the host's disk. In USERNS the kernel has the grader's own uid, so the folder
+        stays writable (autograder/README.md, trust model)."""
+        if self.uid is not None and os.geteuid() == 0 and self.runtime:
+            os.chown(self.runtime, 0, 0)
+            os.chmod(self.runtime, 0o755)
+
     def show_hidden_inputs(self, shown: bool) -> None:
         """Put the hidden prompts where the kernel can read them, or take them away again (see GuardedExecute)."""
         if not self.inputs:

@@ -69,6 +69,8 @@ class GuardedExecute(Execute):
             cell.outputs = [error_output(NOT_RUN, f"not run: the kernel broke down in cell {self._dead_at} and was not restarted")]
             return cell, resources
         sandbox = getattr(self.kernel_manager_class, "sandbox", None)
+        if sandbox is not None and len(self._ran) == 1:  # the kernel is up and has made its sockets
+            sandbox.close_runtime()
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         hidden = sandbox is not None and grade_id in sandbox.hidden_cells and "BEGIN HIDDEN TESTS" in cell.source
         try:

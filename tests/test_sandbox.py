@@ -197,6 +197,16 @@ def test_one_size_caps_everything_the_sandbox_writes(box):
     assert "WROTE" not in r.stdout and "DEVICES-OK" in r.stdout, r.stdout + r.stderr
 
 
+def test_the_runtime_folder_is_closed_to_the_kernel_once_its_sockets_exist(box):
+    """The runtime folder (the kernel's sockets, on the host's disk) is writable while the kernel starts; then, as
+    root, it goes back to root and the kernel can create no file there. As a normal user the kernel has the
+    grader's uid, so the folder stays writable: the one place left open (autograder/README.md, trust model)."""
+    write = f"touch {box.runtime}/x 2>/dev/null && echo WROTE"
+    assert "WROTE" in run_in(box, write.replace("/x", "/socket")).stdout
+    box.close_runtime()
+    assert ("WROTE" in run_in(box, write).stdout) == (box.uid is None)
+
+
 def test_a_sandbox_at_its_process_limit_leaves_another_sandbox_its_own(tmp_path):
     """RLIMIT_NPROC caps each sandbox alone, in both modes: a uid per student (root), or the process count of the
     sandbox's own user namespace (a normal user, where every kernel has the instructor's uid)."""
