@@ -91,7 +91,8 @@ class Sandbox:
 
     def wrap(self, argv: list[str]) -> list[str]:
         """The command that runs ``argv`` inside this sandbox."""
-        return [sys.executable, "-m", "autograder.bubblewrap", json.dumps(dataclasses.asdict(self)), "--", *argv]
+        return [sys.executable, "-m", "autograder.bubblewrap", json.dumps(dataclasses.asdict(self)), str(os.getpid()),
+                "--", *argv]
 
 
 @contextlib.contextmanager
@@ -268,11 +269,26 @@ class SandboxedKernelManager(AsyncKernelManager):
         return cmd, kw
 
 
+def die_with(parent: int) -> None:
+    """Be killed when ``parent`` (the worker that started this launcher) dies, and go at once if it has already.
+
+    bwrap's own --die-with-parent takes hold only once bwrap runs; a worker killed while this launcher was still
+    starting left an orphaned sandbox whose kernel held the worker's pipes, and grading waited on them for ever
+    (tests/test_autograder_cli.py kills a worker in that window). The setting outlives the exec into bwrap."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 3 or argv[1] != "--":
-        sys.exit("usage: python -m autograder.bubblewrap SANDBOX_JSON -- COMMAND...")
-    launch(Sandbox(**json.loads(argv[0])), argv[2:])
+    if len(argv) < 4 or argv[2] != "--" or not argv[1].isdigit():
+        sys.exit("usage: python -m autograder.bubblewrap SANDBOX_JSON PARENT_PID -- COMMAND...")
+    die_with(int(argv[1]))
+    launch(Sandbox(**json.loads(argv[0])), argv[3:])
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
             capped = False
         except subprocess.TimeoutExpired:
             kill_tree(proc)
-            out, err = proc.communicate()
+            out, err = _last_words(proc)
             capped = True
 
     log = (root / "worker.log").read_text() if (root / "worker.log").exists() else ""
@@ -176,6 +176,18 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
     if kept.stray:
         notes.append(f"{kept.stray} process(es) of this submission were still running after grading and were killed")
     return done(tests, notes), root
+
+
+def _last_words(proc: subprocess.Popen, seconds: int = 30) -> tuple[str, str]:
+    """What a killed worker wrote. A process it left (one that escaped kill_tree) could hold its pipes open for
+    ever: after ``seconds`` the pipes are closed unread, and KernelBox kills whatever is left of the sandbox."""
+    try:
+        return proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
+        proc.wait()
+        return "", ""
 
 
 def merge(result: StudentResult, root: Path) -> None:

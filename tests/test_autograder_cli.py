@@ -81,7 +81,9 @@ def test_student_workflow(tmp_path):
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
     """One grading run of two copies of a notebook whose scratch cell loops forever: "slow" meets the whole
-    notebook's limit (12 s), and "victim" has its worker killed from outside 3 s after it starts."""
+    notebook's limit (12 s), and "victim" has its worker killed from outside the moment it starts the sandbox's
+    launcher, before bwrap runs: a sandbox started in that window once outlived its worker and held the grading
+    run for ever (autograder.bubblewrap.die_with)."""
     import shutil
     import subprocess
     import sys
@@ -108,7 +110,14 @@ def stopped(tmp_path_factory):
             for p in psutil.process_iter(["cmdline"]):
                 line = " ".join(p.info["cmdline"] or [])
                 if "autograder.worker" in line and "victim" in line:
-                    time.sleep(3)  # let it start the kernel: the loop cell keeps it busy
+                    while time.monotonic() < deadline:
+                        try:
+                            launched = any("autograder.bubblewrap" in " ".join(c.cmdline()) for c in p.children())
+                        except psutil.Error:
+                            launched = False
+                        if launched:
+                            break
+                        time.sleep(0.005)
                     p.kill()
                     killed.append(p.pid)
                     return
