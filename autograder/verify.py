@@ -10,7 +10,6 @@ real ``grade`` pipeline, in private courses that leave course/gradebook.db alone
 """
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,25 +17,27 @@ from pathlib import Path
 from . import design, environment, grading, layout, release, results
 
 
-def baseline_notebook(lab: layout.Lab, module) -> dict:
+def baseline_notebook(lab: layout.Lab, module):
     """The solution notebook with each cell of ``module.BASELINE`` (by grade id) replaced by the baseline's source,
     and without the test cells of the lab's other parts: the baseline is the solution there, which the solution's
     own grading already proved, so only the design tests are run again (a test cell binds nothing a later cell
     reads; a design test that then failed for want of a name would be an error, which baseline_problems refuses)."""
-    nb = json.loads(lab.source.read_text(encoding="utf-8"))
+    import nbformat
+
+    nb = nbformat.read(lab.source, as_version=4)
+    others = {t.grade_id for t in results.test_cells(nb) if not t.grade_id.startswith("design-")}
     todo = dict(module.BASELINE)
     kept = []
-    for cell in nb["cells"]:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        gid = meta.get("grade_id")
-        if meta.get("grade") and not meta.get("solution") and not str(gid).startswith("design-"):
+    for cell in nb.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in others:
             continue
         if gid in todo:
-            cell["source"] = todo.pop(gid)
+            cell.source = todo.pop(gid)
         kept.append(cell)
     if todo:
         raise layout.LabError(f"{module.__name__}.BASELINE names cells {lab.name} does not have: {', '.join(todo)}")
-    nb["cells"] = kept
+    nb.cells = kept
     return nb
 
 
@@ -77,6 +78,8 @@ def problems_of(lab: layout.Lab, solution: results.StudentResult, stub: results.
 
 
 def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
+    import nbformat
+
     environment.prepare(workers)
     labs = layout.find_labs(names)
     for lab in labs:
@@ -93,7 +96,7 @@ def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
             if designs[lab.name] is not None:
                 dest = Path(folder) / "baseline" / lab.name / f"{lab.name}.ipynb"
                 dest.parent.mkdir(parents=True)
-                dest.write_text(json.dumps(baseline_notebook(lab, designs[lab.name]), indent=1), encoding="utf-8")
+                dest.write_text(nbformat.writes(baseline_notebook(lab, designs[lab.name])), encoding="utf-8")
         graded = grading.grade(folder, workers=workers, timeout=timeout, merge_into_course=False)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
