@@ -228,10 +228,11 @@ BROKEN_RING = """def ring_all_reduce(tensor, comm):
     return flat.view_as(tensor)"""
 
 
-def planted(lab: str, replace: dict[str, str], before: dict[str, str], out) -> None:
+def planted(lab: str, replace: dict[str, str], before: dict[str, str], out, solved=None) -> None:
     """Lab ``lab``'s source notebook as a student would hand it in, solved, with ``replace``'s solution cells and a
-    cell of code inserted before each test cell named in ``before``; hidden tests stripped, as in the release."""
-    from nbgrader.preprocessors import ClearHiddenTests
+    cell of code inserted before each test cell named in ``before``; hidden tests stripped, as in the release.
+    ``solved``: the only solution cells solved besides ``replace``'s; the others are left as the release has them."""
+    from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 
     nb = nbformat.read(REPO / "labs" / lab / f"{lab}.ipynb", as_version=4)
     cells = []
@@ -239,7 +240,9 @@ def planted(lab: str, replace: dict[str, str], before: dict[str, str], out) -> N
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("grade_id") in before:
             cells.append(new_code_cell(before[meta["grade_id"]]))
-        if meta.get("solution"):
+        if meta.get("solution") and solved is not None and meta["grade_id"] not in {*solved, *replace}:
+            ClearSolutions()._replace_solution_region(cell, "python")
+        elif meta.get("solution"):
             cell.source = replace.get(meta["grade_id"], "\n".join(ln for ln in cell.source.splitlines() if "### " not in ln))
         if "### BEGIN HIDDEN TESTS" in cell.source:  # as the release has it
             ClearHiddenTests()._remove_hidden_test_region(cell)
@@ -254,8 +257,9 @@ def test_planted_bugs_get_whole_messages_that_name_the_hidden_case_and_where(tmp
     engine's rank processes (lab 09). The messages name the case, the step and the line, or the rank, the error and
     the line; the hidden ones never the exception's text; and the feedback page shows them whole."""
     env = isolated_env(tmp_path)
+    # lab 01's other parts stay as released: only greedy's tests are read here (solved, the rest cost 16 s of CPU)
     planted("lab01_naive_decode", {"greedy": BROKEN_GREEDY}, {"greedy-hidden": "BROKEN = True"},
-            tmp_path / "subs" / "planted" / "lab01_naive_decode.ipynb")
+            tmp_path / "subs" / "planted" / "lab01_naive_decode.ipynb", solved=())
     planted("lab09_tensor_parallelism", {"ring": BROKEN_RING}, {},
             tmp_path / "subs" / "planted" / "lab09_tensor_parallelism.ipynb")
     r = run_cli("grade", tmp_path / "subs", "--out", tmp_path / "grades", env=env, cwd=tmp_path, timeout=900)

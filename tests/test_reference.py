@@ -10,14 +10,15 @@ def params_of(case):
     return SamplingParams(**case["params"])
 
 
-def test_float32_and_float64_give_the_golden_tokens(target, golden):
+def test_float32_gives_the_golden_tokens(target, golden):
+    """The golden files are float64 runs of this reference: tests/test_golden.py regenerates every one of them in
+    float64 and compares; here the same cases in float32 must give the same tokens."""
     cases = golden["cases"]
     prompts = [c["prompt_token_ids"] for c in cases]
     params = [params_of(c) for c in cases]
-    for dtype in (torch.float64, torch.float32):
-        outs = naive_generate(target, prompts, params, golden["eos_token_id"], dtype=dtype)
-        for c, o in zip(cases, outs):
-            assert o.token_ids == c["token_ids"], f"{c['name']} in {dtype}"
+    outs = naive_generate(target, prompts, params, golden["eos_token_id"], dtype=torch.float32)
+    for c, o in zip(cases, outs):
+        assert o.token_ids == c["token_ids"], f"{c['name']} in float32"
 
 
 def test_float32_logits_within_1e_4_of_the_float64_reference(target, golden):
