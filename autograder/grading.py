@@ -15,6 +15,7 @@ For every submission:
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -25,7 +26,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import cgroups, environment, hidden_spec, isolation, layout, release, results, submissions
+from . import (answer_policy, assembly, cgroups, environment, hidden_spec, isolation, layout, release, results, sheets,
+               submissions, verdicts)
 from .config import COURSE_ID, nbgrader_api, succeeded
 from .messages import (DIED, hidden_secrets, judge_hidden_outputs, notes_from_log, notes_from_outputs,
                        notes_from_submission, redact, safe_message)
@@ -50,6 +52,9 @@ class LabInfo:
     originals: dict[str, set[str]]  # test cell id -> its source in the lab and in the release: anything else is an edit
     golden: dict[str, dict]  # the hidden golden files this lab's hidden tests are compared with
     secrets: list[str]  # what would give a hidden input away in a message (hidden_secrets)
+    template: object = None  # the lab's release (nbformat): what runs, with the submission's answers (assembly)
+    policy: answer_policy.Lab | None = None  # what answer cells may reach, read from the lab's source
+    sheet: dict[str, list[dict]] | None = None  # the answer sheet (autograder/sheets.py): None while it is being made
 
 
 def load_hidden() -> dict[str, dict]:
@@ -74,8 +79,10 @@ def prepare_lab(lab: layout.Lab, run_dir: Path, hidden: dict[str, dict]) -> LabI
     for t in results.test_cells(nbformat.read(root / "release" / lab.name / f"{lab.name}.ipynb", as_version=4)):
         originals.setdefault(t.grade_id, set()).add(t.source)
     files = {d.file for (name, _), dues in hidden_spec.SPECS.items() if name == lab.name for d in dues}
+    source = nbformat.read(lab.source, as_version=4)
+    template = nbformat.read(root / "release" / lab.name / f"{lab.name}.ipynb", as_version=4)
     return LabInfo(lab, tests, root / "gradebook.db", originals, {f: hidden[f] for f in sorted(files)},
-                   hidden_secrets(hidden))
+                   hidden_secrets(hidden), template, answer_policy.lab_of(source))
 
 
 def write_hidden_inputs(run_dir: Path, hidden: dict[str, dict]) -> Path:
@@ -108,9 +115,11 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
     root = run_dir / f"{sub.student}__{lab}"
     kept = isolation.KernelBox(mode, root, memory_gb, time_limit, inputs, [t.grade_id for t in info.tests if t.hidden])
 
+    refusals: list[str] = []
+
     def done(tests, notes=()):
         return StudentResult(sub.student, lab, shown, tests, list(notes), time.monotonic() - start, mode,
-                             kept.memory_cap)
+                             kept.memory_cap, refusals)
 
     try:
         submitted_nb = nbformat.read(sub.path, as_version=4)
@@ -119,9 +128,12 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
         reason = results.first_line(f"{type(e).__name__}: {e}", 200)
         return done(results.everything(info.tests, CORRUPT, f"cannot read the notebook: {reason}")), root
 
+    # What runs is the course's notebook with the submission's answers in it, each answer cell read first.
+    assembled = assembly.assemble(info.template, submitted_nb, info.policy)
+    refusals[:] = [str(r) for r in assembled.refusals]
     submitted = root / "submitted" / sub.student / lab / f"{lab}.ipynb"
     submitted.parent.mkdir(parents=True)
-    shutil.copyfile(sub.path, submitted)
+    nbformat.write(assembled.notebook, submitted)
     shutil.copyfile(info.template_db, root / "gradebook.db")
     cmd = [sys.executable, "-m", "autograder.worker", "--root", str(root), "--lab", lab, "--student", sub.student,
            "--timeout", str(timeout), "--memory-gb", str(memory_gb)]
@@ -166,8 +178,11 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
             cell = cells[t.grade_id]
             r = results.judge(cell, scores.get(t.grade_id), t, timeout)
             r = dataclasses.replace(r, message=safe_message(r, cell, info.secrets))
-            tests.append(judge_hidden_outputs(r, cell, info))
-    notes = (notes_from_submission(submitted_nb, info) + notes_from_log(log)
+            r = judge_hidden_outputs(r, cell, info)
+            rows = (info.sheet or {}).get(t.grade_id) or None  # a cell that observes nothing: see verify
+            r = verdicts.judge(r, cell, rows)
+            tests.append(dataclasses.replace(r, message=redact(r.message, info.secrets)))
+    notes = (assembled.notes() + notes_from_submission(submitted_nb, info) + notes_from_log(log)
              + notes_from_outputs(nb, {t.grade_id for t in info.tests}, timeout))
     notes = [redact(n, info.secrets) for n in notes]
     if kept.out_of_memory:
@@ -176,6 +191,55 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
     if kept.stray:
         notes.append(f"{kept.stray} process(es) of this submission were still running after grading and were killed")
     return done(tests, notes), root
+
+
+def answer_sheets(infos: dict[str, LabInfo], run_dir: Path, timeout: int, memory_gb: float, limit: int, mode: str,
+                  inputs: Path, workers: int, echo) -> dict[str, tuple[StudentResult, Path]]:
+    """Each lab's answer sheet (autograder/sheets.py), made first where it is missing by grading the lab's source
+    notebook; returns those gradings, which a submission identical to the source reuses (verify's solution)."""
+    made: dict[str, tuple[StudentResult, Path]] = {}
+
+    def make(info: LabInfo):
+        import nbformat
+
+        with sheets.lock(info.lab):
+            info.sheet = sheets.load(info.lab)
+            if info.sheet is not None:
+                return
+            echo(f"making the answer sheet of {info.lab.name} (grading its solution)")
+            sub = submissions.Submission("answer-sheet", info.lab, info.lab.source)
+            result, root = grade_one(sub, info, run_dir, timeout, memory_gb, limit, mode, inputs)
+            graded = root / "autograded" / sub.student / info.lab.name / f"{info.lab.name}.ipynb"
+            cells = sheets.from_graded(nbformat.read(graded, as_version=4) if graded.exists() else None, result)
+            sheets.write(info.lab, cells)
+            info.sheet = cells
+            made[info.lab.name] = (result, root)
+
+    for info in infos.values():
+        info.sheet = sheets.load(info.lab)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for fut in [pool.submit(make, info) for info in infos.values() if info.sheet is None]:
+            fut.result()
+    return made
+
+
+def _only(info: LabInfo, keep: set[str] | None) -> LabInfo:
+    """``info`` with a template that keeps only the test cells ``keep`` names (all when None)."""
+    if keep is None:
+        return info
+    template = copy.deepcopy(info.template)
+    template.cells = [c for c in template.cells if not assembly.is_test(c) or assembly.grade_id(c) in keep]
+    return dataclasses.replace(info, template=template)
+
+
+def _is_source(sub: submissions.Submission, made: dict) -> bool:
+    return sub.lab.name in made and Path(sub.path).read_bytes() == sub.lab.source.read_bytes()
+
+
+def _reuse(sub: submissions.Submission, made: tuple[StudentResult, Path]) -> tuple[StudentResult, Path]:
+    """The grading that made the sheet, as this submission's (the same notebook: grading it again would repeat it)."""
+    result, root = made
+    return dataclasses.replace(result, student=sub.student, submission=str(sub.path)), root
 
 
 def _last_words(proc: subprocess.Popen, seconds: int = 30) -> tuple[str, str]:
@@ -232,11 +296,13 @@ UNSAFE_WARNING = ("WARNING: grading without a sandbox (--unsafe-no-sandbox): eve
 
 def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT_TIMEOUT,
           memory_gb: float = DEFAULT_MEMORY_GB, time_limit: int | None = None, student: str | None = None,
-          merge_into_course: bool = True, keep: bool = False, sandbox: bool = True, echo=print) -> list[StudentResult]:
+          merge_into_course: bool = True, keep: bool = False, sandbox: bool = True, echo=print,
+          only_tests: dict[str, set[str]] | None = None) -> list[StudentResult]:
     """Grade PATH (a notebook, a folder or a zip); returns one StudentResult per submission.
 
     ``sandbox=False`` (the CLI's --unsafe-no-sandbox) runs kernels unsandboxed, with one warning; without it,
-    grading refuses to start where no sandbox can be made.
+    grading refuses to start where no sandbox can be made.  ``only_tests`` (verify's baseline) maps a student id to
+    the test cells its graded notebook keeps; the others are left out, and report as missing.
     """
     environment.prepare(workers)
     chosen = layout.find_labs([lab])[0] if lab else None
@@ -266,8 +332,11 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
              f"(limits: {timeout} s per cell, {limit} s per notebook, {memory_gb:g} GB per kernel)")
         graded: list[tuple[StudentResult, Path]] = []
         inputs = write_hidden_inputs(run_dir, hidden)
+        solutions = answer_sheets(infos, run_dir, timeout, memory_gb, limit, mode, inputs, workers, echo)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(grade_one, s, infos[s.lab.name], run_dir, timeout, memory_gb, limit, mode, inputs)
+            futures = [pool.submit(_reuse, s, solutions[s.lab.name]) if _is_source(s, solutions)
+                       else pool.submit(grade_one, s, _only(infos[s.lab.name], (only_tests or {}).get(s.student)),
+                                        run_dir, timeout, memory_gb, limit, mode, inputs)
                        for s in subs]
             for n, fut in enumerate(as_completed(futures), 1):
                 r, root = fut.result()

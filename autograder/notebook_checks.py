@@ -14,6 +14,8 @@ Why each helper exists, and where it lives (autograder/checks/):
     float64 forward pass, so the sampler tests cost one forward per case.
   * ``HiddenReport`` (hidden.py) hands a hidden cell's outputs to the grader, which compares them
     outside the sandbox.
+  * ``observe`` (ledger.py) records what a check measured of the student's code; the grader judges it against
+    the lab's answer sheet, outside the kernel (autograder/verdicts.py).
   * ``course_parts_under`` (course_parts.py) lends a test the course's versions of the earlier
     tasks that the function under test calls by name, so that one mistake costs only the task it is in.
 """
@@ -21,10 +23,10 @@ from __future__ import annotations
 
 import importlib
 
-from autograder.checks import convert, course_parts, guard, hidden, runs
+from autograder.checks import convert, course_parts, guard, hidden, ledger, runs
 
 # Each part afresh, each one's dependencies before it (hidden uses convert; course_parts uses guard).
-for _part in (guard, convert, runs, hidden, course_parts):
+for _part in (ledger, guard, convert, runs, hidden, course_parts):
     importlib.reload(_part)
 
 from autograder.checks.convert import as_count, as_mask, as_token, as_tokens, show  # noqa: E402
@@ -32,12 +34,13 @@ from autograder.checks.course_parts import COURSE_PARTS, course_greedy, course_p
 from autograder.checks.guard import (FORBIDDEN, AnswerKeyError, ReferenceCalled, _functions, _resolve,  # noqa: E402
                                      forbidden_call, reference_forbidden, require_own)
 from autograder.checks.hidden import HiddenReport, hidden_inputs  # noqa: E402
+from autograder.checks.ledger import observe  # noqa: E402
 from autograder.checks.runs import (HIDDEN_GOLDEN, TARGET, VISIBLE_GOLDEN, RecordingModel,  # noqa: E402
                                     check_prefix_recompute, free_run, golden_logits, load_model, load_tokenizer,
                                     one_case_per_kind, prompt_logits, tokens_processed)
 
 __all__ = ["as_count", "as_mask", "as_token", "as_tokens", "show", "COURSE_PARTS", "course_greedy",
            "course_parts_under", "FORBIDDEN", "AnswerKeyError", "ReferenceCalled", "forbidden_call",
-           "reference_forbidden", "require_own", "HiddenReport", "hidden_inputs", "HIDDEN_GOLDEN", "TARGET",
+           "reference_forbidden", "require_own", "HiddenReport", "hidden_inputs", "observe", "HIDDEN_GOLDEN", "TARGET",
            "VISIBLE_GOLDEN", "RecordingModel", "check_prefix_recompute", "free_run", "golden_logits", "load_model",
            "load_tokenizer", "one_case_per_kind", "prompt_logits", "tokens_processed"]

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import design, environment, grading, layout, release, results
+from . import design, environment, grading, hidden_spec, layout, release, results, sheets
 
 
 def baseline_notebook(lab: layout.Lab, module):
@@ -74,7 +74,17 @@ def problems_of(lab: layout.Lab, solution: results.StudentResult, stub: results.
     for t in stub.tests:
         if t.hidden and t.status == results.PASSED:
             found.append(f"hidden test {t.test} passes on the stub")
+    found += [f"test cell {gid} awards points on the kernel's word: it observes nothing for the grader to judge "
+              f"(autograder/checks/ledger.py)" for gid in kernel_word(lab, solution)]
     return found
+
+
+def kernel_word(lab: layout.Lab, solution: results.StudentResult) -> list[str]:
+    """Test cells whose verdict the trusted side takes from the kernel alone: no row in the lab's answer sheet, and
+    no hidden outputs compared with golden files (hidden_spec.SPECS)."""
+    sheet = sheets.load(lab) or {}
+    return [t.test for t in solution.tests
+            if not sheet.get(t.test) and (lab.name, t.test) not in hidden_spec.SPECS]
 
 
 def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
@@ -97,7 +107,11 @@ def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
                 dest = Path(folder) / "baseline" / lab.name / f"{lab.name}.ipynb"
                 dest.parent.mkdir(parents=True)
                 dest.write_text(nbformat.writes(baseline_notebook(lab, designs[lab.name])), encoding="utf-8")
-        graded = grading.grade(folder, workers=workers, timeout=timeout, merge_into_course=False)
+        # The baseline is graded on the design tests only: the solution's grading already covers the rest.
+        design_only = {lab.name: {t.grade_id for t in results.test_cells(nbformat.read(lab.source, as_version=4))
+                                  if t.grade_id.startswith("design-")} for lab in labs}
+        graded = grading.grade(folder, workers=workers, timeout=timeout, merge_into_course=False,
+                               only_tests={"baseline": set().union(*design_only.values())})
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     by = {(r.student, r.lab): r for r in graded}

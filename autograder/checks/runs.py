@@ -92,13 +92,21 @@ def free_run(model64, cases: list[dict], pick, eos_token_id: int) -> list[list[i
 
 
 class RecordingModel:
-    """Wraps the model and records what each call feeds it, to check that decode recomputes the prefix."""
+    """Wraps the model and records what each call feeds it, to check that decode recomputes the prefix.
+
+    The calls are recorded by a hook on the real model, not by the wrapper: a search that reaches the model some
+    other way than through this object is counted all the same.  Use it as a context manager (``with
+    RecordingModel(model) as recorder``), which removes the hook at the end.
+    """
 
     def __init__(self, model):
-        self._model = model
+        self.model = model
         self.calls: list[dict] = []
+        self.hook = model.register_forward_pre_hook(self.record, with_kwargs=True)
 
-    def __call__(self, input_ids, positions, backend, *args, **kwargs):
+    def record(self, module, args, kwargs):
+        input_ids, positions, backend = (list(args) + [kwargs.get(k) for k in ("input_ids", "positions", "backend")
+                                                       ][len(args):])[:3]
         self.calls.append({
             "n": int(len(input_ids)),
             "ids": [int(t) for t in torch.as_tensor(input_ids).reshape(-1).tolist()],
@@ -106,12 +114,20 @@ class RecordingModel:
             "backend": type(backend).__name__,
             "seq_lens": list(getattr(backend, "seq_lens", [])),
         })
-        return self._model(input_ids, positions, backend, *args, **kwargs)
+
+    def __call__(self, input_ids, positions, backend, *args, **kwargs):
+        return self.model(input_ids, positions, backend, *args, **kwargs)
 
     forward = __call__
 
     def __getattr__(self, name):  # config, device, dtype, ... come from the real model
-        return getattr(self._model, name)
+        return getattr(self.__dict__["model"], name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.hook.remove()
 
 
 def check_prefix_recompute(calls: list[dict], prompt: list[int], tokens: list[int], what: str):

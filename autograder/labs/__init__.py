@@ -26,4 +26,10 @@ def pristine(lab: str):
         raise ValueError(f"lab must be a lab's harness name such as 'lab02', got {lab!r}")
     for name in HELPERS:
         importlib.reload(importlib.import_module(name))
-    return importlib.reload(importlib.import_module(f"{__name__}.{lab}"))
+    module = importlib.reload(importlib.import_module(f"{__name__}.{lab}"))
+    # Each check hands what it observed to the grader when it returns or raises (autograder/checks/ledger.py).
+    ledger = importlib.import_module("autograder.checks.ledger")
+    for name, obj in list(vars(module).items()):
+        if name.startswith(("check_", "report_")) and callable(obj) and not hasattr(obj, "__wrapped__"):
+            setattr(module, name, ledger.reported(obj))
+    return module

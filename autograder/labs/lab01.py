@@ -76,14 +76,18 @@ def check_greedy(greedy, cases) -> None:
         for logits, want in cases:
             got = checks.as_token(greedy(np.array(logits)), f"greedy({logits})")
             assert got == want, f"greedy({logits}) should be {want} (the first largest logit), got {got}"
+            checks.observe(f"greedy({logits})", got, expect=want)
         golden = visible_golden()
         model64, tok = checks.load_model(torch.float64), checks.load_tokenizer()
         for case in [c for c in golden["cases"] if c["params"]["temperature"] == 0]:
+            run = []
             for t, row in golden_steps(model64, case):
                 got = checks.as_token(greedy(row), f"{case['name']}, step {t}: greedy(...)")
                 want = case["token_ids"][t]
                 assert got == want, (f"{case['name']} (prompt {case['prompt']!r}), step {t}: "
                                      f"expected {checks.show(tok, want)}, got {checks.show(tok, got)}")
+                run.append(got)
+            checks.observe(f"{case['name']}: greedy at every golden step", run, expect=case["token_ids"])
 
 
 def report_greedy(greedy, report) -> None:
@@ -97,19 +101,23 @@ def report_greedy(greedy, report) -> None:
 # ---------------------------------------------------------------- Task 2: top_k_mask
 
 def check_top_k_cases(top_k_mask, cases, hidden=False) -> None:
-    """Hand-made cases (logits, k, the expected mask). A hidden case's message does not show its logits."""
+    """Hand-made cases (logits, k, the expected mask); a hidden case is (logits, k) alone: its expected mask stays
+    with the grader, and its message does not show its logits."""
     checks.require_own(top_k_mask, "top_k_mask")
     with checks.reference_forbidden("top_k_mask"):
-        for logits, k, want in cases:
-            call = f"top_k_mask(k={k})" if hidden else f"top_k_mask({logits}, k={k})"
+        for i, (logits, k, *want) in enumerate(cases):
+            call = f"hidden hand-made case {i}: top_k_mask(k={k})" if hidden else f"top_k_mask({logits}, k={k})"
             got = checks.as_mask(top_k_mask(np.array(logits), k), len(logits), call)
-            assert got == want, f"{'hidden hand-made case: ' if hidden else ''}{call} should keep {want}, got {got}"
+            if want:
+                assert got == want[0], f"{call} should keep {want[0]}, got {got}"
+            checks.observe(call, got, **({"expect": want[0]} if want else {}))
 
 
 def keeps_k_largest(top_k_mask, row, k, what, hidden=False) -> None:
     """On real logits: exactly k tokens kept, each kept logit larger than every dropped one (the hidden test
     asks both in one assertion, the visible one in two, each with its own message)."""
     got = np.array(checks.as_mask(top_k_mask(row, k), row.size, f"{what}: top_k_mask" + (f"(k={k})" if hidden else "")))
+    checks.observe(f"{what}: the ids top_k_mask(k={k}) keeps", np.flatnonzero(got).tolist())
     if hidden:
         assert got.sum() == k and row[got].min() > row[~got].max(), (
             f"{what}: top_k_mask(logits, k={k}) kept {got.sum()} tokens, not the {k} largest")
@@ -146,13 +154,16 @@ def check_top_p_cases(top_p_mask, cases, shifts=(0.0,), hidden=False) -> None:
     """Hand-made cases (probabilities, p, the expected mask), fed as log-probabilities plus each shift."""
     checks.require_own(top_p_mask, "top_p_mask")
     with checks.reference_forbidden("top_p_mask"):
-        for pr, p, want in cases:
+        for i, (pr, p, *want) in enumerate(cases):
             for shift in shifts:  # softmax ignores a constant added to every logit
                 with np.errstate(divide="ignore"):  # log(0) = -inf: a token that is never drawn
                     logits = np.log(np.array(pr)) + shift
-                call = f"top_p_mask(p={p})" if hidden else f"top_p_mask(log({pr}) + {shift}, p={p})"
+                call = (f"hidden hand-made case {i}: top_p_mask(p={p})" if hidden
+                        else f"top_p_mask(log({pr}) + {shift}, p={p})")
                 got = checks.as_mask(top_p_mask(logits, p), len(pr), call)
-                assert got == want, f"{'hidden hand-made case: ' if hidden else ''}{call} should keep {want}, got {got}"
+                if want:
+                    assert got == want[0], f"{call} should keep {want[0]}, got {got}"
+                checks.observe(call, got, **({"expect": want[0]} if want else {}))
 
 
 def keeps_nucleus(top_p_mask, row, ps, what, hidden=False) -> None:
@@ -161,6 +172,7 @@ def keeps_nucleus(top_p_mask, row, ps, what, hidden=False) -> None:
     pr /= pr.sum()
     for p in ps:
         got = np.array(checks.as_mask(top_p_mask(row, p), row.size, f"{what}: top_p_mask(p={p})"))
+        checks.observe(f"{what}: the ids top_p_mask(p={p}) keeps", np.flatnonzero(got).tolist())
         kept = np.sort(pr[got])
         if hidden:  # one assertion, one message
             assert (got.any() and pr[got].min() >= pr[~got].max(initial=0) and kept.sum() >= p - 1e-12
@@ -204,11 +216,14 @@ def check_sample(sample, ns) -> int:
         model64, tok = checks.load_model(torch.float64), checks.load_tokenizer()
         for case in golden["cases"]:
             params, lp = SamplingParams(**case["params"]), len(case["prompt_token_ids"])
+            run = []
             for t, row in golden_steps(model64, case):
                 got = checks.as_token(sample(row, params, lp + t), f"{case['name']}, step {t}: sample(...)")
                 want = case["token_ids"][t]
                 assert got == want, (f"{case['name']} (prompt {case['prompt']!r}, {case['params']}), step {t} "
                                      f"(position {lp + t}): expected {checks.show(tok, want)}, got {checks.show(tok, got)}")
+                run.append(got)
+            checks.observe(f"{case['name']}: sample at every golden step", run, expect=case["token_ids"])
     return len(golden["cases"])
 
 
@@ -223,17 +238,26 @@ def report_sample(sample, report, ns) -> None:
 
 # ---------------------------------------------------------------- graded numbers
 
-def check_numbers(ns, answers) -> None:
-    """answers: a list of names (visible: each is a finite number), or {name: (value, tolerance)} (hidden: each
-    is within its tolerance of the value; the message names the answer, never the value)."""
-    for name in answers:
-        if name not in ns:
-            raise NameError(f"{name} is not defined: set it in the cell above")
-        x = ns[name]
-        if isinstance(x, torch.Tensor) and x.numel() == 1:
-            x = x.item()
-        ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
-        assert ok and np.isfinite(x), f"{name} should be a number (an int or a float), got {type(x).__name__} {x!r:.40}"
-        if isinstance(answers, dict):
-            value, tolerance = answers[name]
-            assert abs(float(x) - value) <= tolerance, f"{name} = {x!r:.40} is not right (a tolerance of ±{tolerance:g})"
+def _number(ns, name):
+    if name not in ns:
+        raise NameError(f"{name} is not defined: set it in the cell above")
+    x = ns[name]
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        x = x.item()
+    ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+    assert ok and np.isfinite(x), f"{name} should be a number (an int or a float), got {type(x).__name__} {x!r:.40}"
+    return float(x)
+
+
+def check_numbers(ns, names) -> None:
+    """Visible: each answer is a finite number (its value is graded by report_numbers)."""
+    for name in names:
+        _number(ns, name)
+        checks.observe(f"{name} is a finite number", True, expect=True)
+
+
+def report_numbers(ns, tolerances) -> None:
+    """Hidden: each answer's value, {name: tolerance}; the grader compares it with the right value, which never
+    enters the notebook."""
+    for name, tolerance in tolerances.items():
+        checks.observe(f"{name} (within {tolerance:g})", _number(ns, name), tol=tolerance)

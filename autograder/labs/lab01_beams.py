@@ -122,6 +122,12 @@ def compare(got, want, eos: int, what: str, show=str, hidden=False) -> None:
               f"{len(w)}**length_penalty")
 
 
+def observe_beams(label: str, got, want=None) -> None:
+    """The beams for the grader: token ids exactly, scores within SCORE_TOLERANCE (absolute, or relative past 1)."""
+    checks.observe(label, [[ids, score] for ids, score in got], tol=SCORE_TOLERANCE, rel=SCORE_TOLERANCE,
+                   **({"expect": [[list(ids), float(s)] for ids, s in want]} if want else {}))
+
+
 # ---------------------------------------------------------------- design-args-visible
 
 def check_beam_arguments(beam_search, cases) -> None:
@@ -135,6 +141,7 @@ def check_beam_arguments(beam_search, cases) -> None:
             beam_search(model, [1], **kwargs)
         except ValueError as e:
             assert field in str(e), f"{call} raised ValueError({str(e)!r}), which should name the field {field!r}"
+            checks.observe(f"{call}: raises ValueError naming {field!r}", True, expect=True)
             continue
         except NotImplementedError:
             raise  # the unwritten stub: an error, not a wrong answer
@@ -150,10 +157,14 @@ def check_beams_bigram(beam_search, cases, hidden=False) -> None:
     """Hand-made cases: (probability table, prompt, params, expected [(token ids, score)] best first)."""
     checks.require_own(beam_search, "beam_search")
     with checks.reference_forbidden("beam_search"):
-        for k, (table, prompt, params, want) in enumerate(cases):
+        for k, (table, prompt, params, *want) in enumerate(cases):
             what = (f"hidden hand-made case {k}" if hidden else f"hand-made case {k} (prompt {prompt}, {params})")
             got = run(beam_search, BigramModel(table), prompt, params, what)
-            compare(got, [(list(w), float(s)) for w, s in want], params["eos_token_id"], what, hidden=hidden)
+            if want:  # a hidden case comes without its beams: they stay with the grader
+                want = [[list(w), float(s)] for w, s in want[0]]
+                compare(got, want, params["eos_token_id"], what, hidden=hidden)
+            past_end(got, params["eos_token_id"], what)
+            observe_beams(f"{what}: beams", got, want)
 
 
 def check_beams_greedy(beam_search, n_cases, max_tokens) -> None:
@@ -172,6 +183,7 @@ def check_beams_greedy(beam_search, n_cases, max_tokens) -> None:
             assert got[0][0] == want, (f"{what}: differs from the golden greedy run at step "
                                        f"{first_difference(got[0][0], want)}: expected {tok.decode(want)!r}, "
                                        f"got {tok.decode(got[0][0])!r}")
+            checks.observe(f"{what}: token_ids", got[0][0], expect=want)
 
 
 def check_beams(beam_search, n_cases=None) -> int:
@@ -185,6 +197,7 @@ def check_beams(beam_search, n_cases=None) -> int:
             got = run(beam_search, model32, case["prompt_token_ids"], case["params"], what)
             want = [(b["token_ids"], b["score"]) for b in case["beams"]]
             compare(got, want, case["params"]["eos_token_id"], what, show=lambda ids: repr(tok.decode(ids)))
+            observe_beams(f"{case['name']}: beams", got, want)
     return len(cases)
 
 
@@ -207,6 +220,7 @@ def report_beams(beam_search, report) -> None:
 
 def check_pass_count(calls, params: dict, what: str) -> None:
     n, limit = len(calls), params["max_tokens"]
+    checks.observe(f"{what}: forward passes (beam_width={params['beam_width']}, max_tokens={limit})", n, at_most=limit)
     per_call = sorted({len(c["seq_lens"]) or 1 for c in calls})
     assert n <= limit, (f"{what}: {n} forward passes for max_tokens={limit}, beam_width={params['beam_width']}; at most "
                         f"{limit}: one pass per step for all live beams together (sequences per pass: {per_call}). "
@@ -220,8 +234,8 @@ def check_passes(beam_search, n_cases) -> int:
         cases = visible_beams()["cases"][:n_cases]
         model32 = checks.load_model()
         for case in cases:
-            recorder = checks.RecordingModel(model32)
-            got = run(beam_search, recorder, case["prompt_token_ids"], case["params"], case["name"])
+            with checks.RecordingModel(model32) as recorder:
+                got = run(beam_search, recorder, case["prompt_token_ids"], case["params"], case["name"])
             want = [(b["token_ids"], b["score"]) for b in case["beams"]]
             assert [g for g, _ in got] == [w for w, _ in want], (
                 f"{case['name']}: the beams differ from the golden ones; pass the visible beams tests first")
@@ -235,8 +249,8 @@ def report_passes(beam_search, report) -> None:
     with checks.reference_forbidden("beam_search"):
         model32 = checks.load_model()
         for case in report.cases(BEAMS):
-            recorder = checks.RecordingModel(model32)
             what = f"hidden case {case['name']}"
-            got = run(beam_search, recorder, case["prompt_token_ids"], case["params"], what)
+            with checks.RecordingModel(model32) as recorder:
+                got = run(beam_search, recorder, case["prompt_token_ids"], case["params"], what)
             check_pass_count(recorder.calls, case["params"], what)
             report.add(BEAMS, case, "beams", [[ids, score] for ids, score in got])

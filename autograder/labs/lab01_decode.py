@@ -44,13 +44,14 @@ def check_decode(naive_decode, ns) -> int:
             got, want = checks.as_tokens(out, f"{case['name']}: token_ids"), case["token_ids"]
             assert got == want, (f"{case['name']} (prompt {case['prompt']!r}, {case['params']}): "
                                  f"{difference(tok, got, want)} ({len(got)} tokens generated, {len(want)} expected)")
+            checks.observe(f"{case['name']}: token_ids", got, expect=want)
     return len(chosen)
 
 
 def recorded_run(naive_decode, model32, case, eos, what):
     """naive_decode on one case through a model that records its calls: (tokens, tokens processed, the calls)."""
-    recorder = checks.RecordingModel(model32)
-    out, processed = naive_decode(recorder, case["prompt_token_ids"], SamplingParams(**case["params"]), eos)
+    with checks.RecordingModel(model32) as recorder:
+        out, processed = naive_decode(recorder, case["prompt_token_ids"], SamplingParams(**case["params"]), eos)
     return checks.as_tokens(out, f"{what}: token_ids"), processed, recorder.calls
 
 
@@ -64,6 +65,10 @@ def check_end_of_text(naive_decode, model32, case, run, at, past, what, hidden=F
     stop = run.index(fake_eos)  # its first occurrence
     out, processed = naive_decode(model32, prompt, SamplingParams(**case["params"]), fake_eos)
     got = checks.as_tokens(out, f"{what} with eos_token_id={fake_eos}: token_ids")
+    expect = {} if hidden else {"expect": run[:stop + 1]}  # a hidden run's tokens stay with the grader
+    checks.observe(f"{what}, token {at} as end-of-text: token_ids", got, **expect)
+    checks.observe(f"{what}, token {at} as end-of-text: tokens_processed", checks.as_count(processed, "tokens_processed"),
+                   expect=checks.tokens_processed(len(prompt), stop + 1))
     if hidden:
         assert got == run[:stop + 1], (f"{what} with eos_token_id={fake_eos}: expected your run's first "
                                        f"{stop + 1} token(s), up to and including the end-of-text token; got {len(got)}")
@@ -77,12 +82,16 @@ def check_end_of_text(naive_decode, model32, case, run, at, past, what, hidden=F
     params = SamplingParams(**dict(case["params"], max_tokens=n, ignore_eos=True))
     if hidden:
         got = checks.as_tokens(naive_decode(model32, prompt, params, fake_eos)[0], f"{what} with ignore_eos=True: token_ids")
+        checks.observe(f"{what}, token {at} as end-of-text, ignore_eos=True: token_ids", got)
         assert len(got) == n and got == run[:n], (
             f"{what} with eos_token_id={fake_eos}, ignore_eos=True and max_tokens={n}: "
             f"expected your run's first {n} tokens, got {len(got)}")
         return
     out, processed = naive_decode(model32, prompt, params, fake_eos)
     got = checks.as_tokens(out, f"{what} with eos_token_id={fake_eos} and ignore_eos=True: token_ids")
+    checks.observe(f"{what}, token {at} as end-of-text, ignore_eos=True: token_ids", got, expect=run[:n])
+    checks.observe(f"{what}, token {at} as end-of-text, ignore_eos=True: tokens_processed",
+                   checks.as_count(processed, "tokens_processed"), expect=checks.tokens_processed(len(prompt), n))
     assert len(got) == n and got == run[:n], (
         f"{what} with eos_token_id={fake_eos}, ignore_eos=True and max_tokens={n}: expected "
         f"the {n} golden tokens (the end-of-text token at step {stop} must not stop decoding), got {len(got)}: {got}")
@@ -102,8 +111,11 @@ def check_decode_steps(naive_decode, ns, at, past, max_tokens) -> None:
         got, processed, calls = recorded_run(naive_decode, model32, case, golden["eos_token_id"], case["name"])
         assert got == want, f"{case['name']}: the tokens differ from the golden run; pass the visible naive_decode tests first"
         checks.check_prefix_recompute(calls, prompt, want, case["name"])
+        checks.observe(f"{case['name']}: the tokens fed to the model at each step", [c["ids"] for c in calls],
+                       expect=[prompt + want[:t] for t in range(len(want))])
         processed = checks.as_count(processed, f"{case['name']}: tokens_processed")
         expected = checks.tokens_processed(len(prompt), len(want))
+        checks.observe(f"{case['name']}: tokens_processed", processed, expect=expected)
         assert processed == expected == case["tokens_processed"], (
             f"{case['name']}: tokens_processed should be Σ(Lp + t) over the {len(want)} steps = {expected} "
             f"(Lp = {len(prompt)}), got {processed}")
@@ -111,6 +123,7 @@ def check_decode_steps(naive_decode, ns, at, past, max_tokens) -> None:
         params = SamplingParams(**dict(case["params"], max_tokens=max_tokens))
         got = checks.as_tokens(naive_decode(model32, prompt, params, golden["eos_token_id"])[0], "token_ids")
         assert got == want[:max_tokens], f"{case['name']} with max_tokens={max_tokens}: expected {want[:max_tokens]}, got {got}"
+        checks.observe(f"{case['name']} with max_tokens={max_tokens}: token_ids", got, expect=want[:max_tokens])
 
 
 def report_decode(naive_decode, report, ns, at, past) -> None:
@@ -125,6 +138,7 @@ def report_decode(naive_decode, report, ns, at, past) -> None:
             got, processed, calls = recorded_run(naive_decode, model32, case, eos, what)
             runs[case["name"]] = got
             checks.check_prefix_recompute(calls, case["prompt_token_ids"], got, what)
+            checks.observe(f"{what}: the number of tokens fed to the model at each step", [c["n"] for c in calls])
             report.add("golden", case, "token_ids", got)
             report.add("golden", case, "tokens_processed", checks.as_count(processed, f"{what}: tokens_processed"))
         case = max((c for c in report.cases() if c["params"]["temperature"] == 0), key=lambda c: len(runs[c["name"]]))
@@ -153,6 +167,7 @@ def check_engine(sample) -> int:
             assert got == want, (f"your engine, {case['name']} ({case['params']}): {difference(tok, got, want)}. "
                                  f"Every part is yours here (sample, greedy, top_k_mask, top_p_mask): if Task 4's "
                                  f"tests pass, look at the earlier tasks")
+            checks.observe(f"your engine, {case['name']}: token_ids", got, expect=want)
     return len(cases)
 
 

@@ -129,8 +129,8 @@ def check_decode_steps(cached_decode, ns, at, max_tokens) -> None:
         model32, tok = checks.load_model(), checks.load_tokenizer()
         case = next(x for x in golden["cases"] if x["params"]["temperature"] == 0 and len(x["token_ids"]) > 5)
         prompt, want = case["prompt_token_ids"], case["token_ids"]
-        recorder = checks.RecordingModel(model32)
-        check_golden_run(cached_decode, recorder, case, golden["eos_token_id"], tok, case["name"])
+        with checks.RecordingModel(model32) as recorder:
+            check_golden_run(cached_decode, recorder, case, golden["eos_token_id"], tok, case["name"])
         check_one_token_per_step(recorder.calls, prompt, want, case["name"])
         fake_eos = want[at]
         stop = want.index(fake_eos)  # its first occurrence
@@ -151,8 +151,8 @@ def report_decode(cached_decode, report, ns) -> None:
     with checks.course_parts_under(ns, *PARTS), checks.reference_forbidden("cached_decode", forbidden=ANSWER_KEY):
         model32, eos = checks.load_model(), report.data()["eos_token_id"]
         for case in report.cases():
-            recorder = checks.RecordingModel(model32)
-            got, chosen = check_own_run(cached_decode, recorder, case, eos, f"hidden case {case['name']}")
+            with checks.RecordingModel(model32) as recorder:
+                got, chosen = check_own_run(cached_decode, recorder, case, eos, f"hidden case {case['name']}")
             check_one_token_per_step(recorder.calls, case["prompt_token_ids"], got, f"hidden case {case['name']}")
             report.add("golden", case, "token_ids", got)
             report.add("golden", case, "chosen_logits", chosen)

@@ -1,0 +1,402 @@
+"""What the code in a lab's answer cells may do, checked from its syntax tree before any kernel starts.
+
+A submission's answer cells run in the same kernel as the tests, before them.  Code there that reaches the
+notebook's or the interpreter's machinery can change how the later test cells run (an IPython input transformer
+that blanks them, a hook that reads them, a patched ``sys.modules``), read what they hold, or copy the course's
+answer key by its source.  So the trusted side reads every answer cell first (autograder/README.md, Trust model),
+and an answer cell that does any of the following is refused: it is not run, the lab's stub runs in its place, and
+the refusal names the cell, the line and the construct.
+
+  * no IPython: ``get_ipython``, ``display``, magics (``%...``) and shell escapes (``!...``);
+  * no code from text: ``exec``, ``eval``, ``compile``, ``__import__``, ``breakpoint``;
+  * no namespaces as dicts: ``globals``, ``locals``, ``vars``; ``getattr``/``setattr``/``delattr``/``hasattr``
+    only with a literal attribute name, so that the rules below see it;
+  * no dunder attributes (``__globals__``, ``__code__``, ``__subclasses__``...), except a few that are plain
+    Python (``__init__``, ``__name__``...); no frame or traceback attributes (``gi_frame``, ``f_back``...);
+  * no private attribute (``x._name``) that the answer cells do not themselves define: the course's objects keep
+    their insides to themselves (a wrapped model's ``_model``, which the harness counts around);
+  * imports only from what the lab needs: Python's numeric and container modules, and the modules and names the
+    lab's given cells import; never an answer-key function (the names the harnesses forbid), and never the
+    interpreter's machinery (``sys``, ``os``, ``importlib``, ``inspect``, ``gc``, ``ctypes``, ``builtins``,
+    ``IPython``, ``pickle``, threads and processes) nor the grader (``autograder``), not even as an attribute
+    of another module (``torch.sys``);
+  * no name that belongs to the tests (``lab``, ``report``: bound only by test cells) and none of the given
+    cells' modules that are machinery (the Colab cell's ``sys``); no module-level rebinding of a name the given
+    cells define, or of a Python built-in (``print``, ``float``, ``isinstance``), which the test cells use.
+
+Every answer in the course passes (tests/test_answer_policy.py); the rules are about reach, not style.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import re
+import symtable
+
+# Modules an answer may import whatever the lab's given cells import: Python's own numeric and container tools.
+STANDARD = {"math", "cmath", "numpy", "torch", "collections", "itertools", "functools", "dataclasses", "typing",
+            "heapq", "bisect", "random", "statistics", "fractions", "decimal", "enum", "abc", "copy", "string",
+            "re", "time", "json", "contextlib", "textwrap", "array", "numbers", "pprint"}
+# The interpreter's and the notebook's machinery, threads, processes, code loading, and the grader: never, by any
+# road (an import, a given cell's name, an attribute of another module such as torch.sys).
+MACHINERY = {"sys", "os", "importlib", "inspect", "gc", "ctypes", "builtins", "IPython", "ipykernel",
+             "code", "codeop", "pickle", "cPickle", "marshal", "shelve", "dill", "threading", "_thread",
+             "multiprocessing", "concurrent", "subprocess", "signal", "atexit", "traceback", "faulthandler",
+             "tracemalloc", "pdb", "bdb", "runpy", "site", "sysconfig", "operator", "weakref", "asyncio", "socket",
+             "autograder", "nbgrader", "nbclient", "jupyter_client", "zmq", "cffi", "pathlib", "shutil", "io",
+             "tempfile", "glob", "linecache", "tokenize", "dis", "ast", "symtable", "platform", "resource", "mmap"}
+# Attribute names that open a door to that machinery from an allowed module (torch.sys, torch.os, numpy.ctypeslib,
+# torch.utils.cpp_extension, torch.package's pickles, torch.hub's downloads).
+DOORS = {"sys", "os", "importlib", "inspect", "gc", "ctypes", "builtins", "subprocess", "pickle", "marshal",
+         "threading", "multiprocessing", "signal", "atexit", "traceback", "autograder", "IPython", "ctypeslib",
+         "cpp_extension", "load_inline", "package", "hub"}
+FORBIDDEN_CALLS = {
+    "get_ipython": "IPython's shell, which controls how every later cell runs",
+    "display": "IPython's display, the channel the tests report through",
+    "exec": "running code made from text", "eval": "running code made from text",
+    "compile": "running code made from text", "__import__": "importing by a computed name",
+    "breakpoint": "the debugger, which can trace every later cell",
+    "globals": "the notebook's namespace as a dict", "locals": "a namespace as a dict",
+    "vars": "a namespace as a dict",
+}
+ATTRIBUTE_BUILTINS = {"getattr", "setattr", "delattr", "hasattr"}
+PLAIN_DUNDERS = {"__init__", "__name__", "__qualname__", "__class__", "__doc__", "__len__", "__iter__", "__next__",
+                 "__getitem__", "__setitem__", "__contains__", "__repr__", "__str__", "__call__", "__enter__",
+                 "__exit__", "__post_init__"}
+FRAME_ATTRIBUTES = {"gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "f_back", "f_globals",
+                    "f_locals", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next", "co_code", "co_consts"}
+# Dunder methods that let an object take over what the harness does with it (torch's and NumPy's dispatch).
+TAKEOVER_METHODS = {"__torch_function__", "__torch_dispatch__", "__array_function__", "__array_ufunc__",
+                    "__getattribute__", "__init_subclass__", "__set_name__", "__class_getitem__", "__reduce__",
+                    "__reduce_ex__", "__del__"}
+FORMAT_DUNDER = re.compile(r"\{[^{}]*\.(_\w*|\w*__\w*)[^{}]*\}")  # "{0.__globals__}".format(f)
+BUILTIN_NAMES = {n for n in dir(builtins) if not n.startswith("_")}
+# The harness's names in the test cells, refused even where a template does not show the cell that binds them (a
+# release's hidden cells are empty).
+HARNESS_NAMES = {"lab", "report", "autograder", "importlib", "own", "checks"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """One rule an answer cell broke: which cell, which line (of the cell), what, and why in plain words."""
+
+    cell: str
+    line: int
+    construct: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"answer cell {self.cell}, line {self.line}: {self.construct}: {self.why}"
+
+
+@dataclasses.dataclass
+class Lab:
+    """What the lab's own cells define, read from its template notebook (the source or the release)."""
+
+    given: set[str]  # names the given (non-graded) cells bind
+    given_defined: set[str]  # of those, the ones bound by def, class or import: the tests' tools
+    tests_only: set[str]  # names only test cells bind: the harness, its reports, its inputs
+    machinery: set[str]  # names the given cells bind to a module of MACHINERY (the Colab cell's sys, os)
+    imports: set[tuple[str, str | None]]  # (module, name) the given cells import; name None for `import module`
+    given_imports: dict[str, str]  # name -> the import statement's dump that binds it in a given cell
+    answer_keys: set[tuple[str, str]]  # (module, name or Class.method) that the harnesses forbid
+
+
+def _cell_kind(cell) -> str:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    if meta.get("solution"):
+        return "answer"
+    return "test" if meta.get("grade") else "given"
+
+
+def parse(source: str) -> ast.Module:
+    """A cell's syntax tree, after IPython's own transformation (a magic becomes a get_ipython() call)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return ast.parse(TransformerManager().transform_cell(source))
+
+
+def _bindings(tree: ast.Module) -> tuple[set[str], dict[str, tuple[str, str, str | None]], set[str]]:
+    """Names a cell binds at module level; for each imported one (import statement's dump, module, name); and the
+    names bound by def and class."""
+    names, imported, defined = set(), {}, set()
+    for node in tree.body:
+        nested = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        for sub in [node] if nested else ast.walk(node):
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(sub.name)
+                defined.add(sub.name)
+            elif isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                names.add(sub.id)
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                for alias in sub.names:
+                    bound = alias.asname or alias.name.split(".")[0]
+                    names.add(bound)
+                    module, name = (alias.name, None) if isinstance(sub, ast.Import) else (sub.module or "", alias.name)
+                    imported[bound] = (ast.dump(sub), module, name)
+    return names, imported, defined
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def lab_of(template) -> Lab:
+    """The context every answer cell of this lab is checked in."""
+    given, defined, tests, imports = set(), set(), set(), {}
+    for cell in template.cells:
+        if cell.cell_type != "code" or _cell_kind(cell) == "answer":
+            continue
+        try:
+            names, imported, defs = _bindings(parse(cell.source))
+        except SyntaxError:
+            continue
+        if _cell_kind(cell) == "test":
+            tests |= names
+        else:
+            given |= names
+            defined |= defs | set(imported)
+            imports.update(imported)
+    machinery = {bound for bound, (_, module, _) in imports.items() if _top(module) in MACHINERY}
+    return Lab(given, defined, (tests - given) | HARNESS_NAMES, machinery,
+               {(module, name) for _, module, name in imports.values() if _top(module) not in MACHINERY},
+               {bound: dump for bound, (dump, _, _) in imports.items()}, answer_keys())
+
+
+def answer_keys() -> set[tuple[str, str]]:
+    """Every (module, name) an answer-key dict of the harnesses names (autograder/labs/*.py, the shared guard)."""
+    from pathlib import Path
+
+    from autograder.checks.guard import FORBIDDEN
+
+    keys = {(m, n) for m, names in FORBIDDEN.items() for n in names}
+    for path in sorted((Path(__file__).resolve().parent / "labs").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict) and node.keys and all(
+                    isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value.startswith("miniengine.")
+                    for k in node.keys):
+                try:
+                    value = ast.literal_eval(node)
+                except ValueError:
+                    continue
+                keys |= {(m, n) for m, names in value.items() if isinstance(names, list) for n in names}
+    return keys
+
+
+SCOPES = {ast.FunctionDef: None, ast.AsyncFunctionDef: None, ast.ClassDef: None, ast.Lambda: "lambda",
+          ast.ListComp: "listcomp", ast.SetComp: "setcomp", ast.DictComp: "dictcomp", ast.GeneratorExp: "genexpr"}
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self, cell: str, lab: Lab, own_private: set[str], magic_lines: set[int], own_globals: set[str],
+                 table: symtable.SymbolTable | None):
+        self.cell, self.lab, self.own_private, self.magic_lines = cell, lab, own_private, magic_lines
+        self.own_globals = own_globals  # module-level names the answer cells bind themselves
+        self.scopes = [table] if table is not None else []
+        self.found: list[Refusal] = []
+
+    def visit(self, node):
+        kind = type(node)
+        if kind not in SCOPES or not self.scopes:
+            return super().visit(node)
+        name = SCOPES[kind] or node.name
+        children = [t for t in self.scopes[-1].get_children() if t.get_name() == name]
+        child = min(children, key=lambda t: abs(t.get_lineno() - node.lineno), default=None)
+        if child is None:
+            return super().visit(node)
+        self.scopes.append(child)
+        try:
+            return super().visit(node)
+        finally:
+            self.scopes.pop()
+
+    def is_global(self, name: str) -> bool:
+        """Whether ``name`` here means a global of the notebook (symtable's view of the cell's scopes)."""
+        if len(self.scopes) <= 1:
+            return True
+        try:
+            sym = self.scopes[-1].lookup(name)
+        except KeyError:
+            return True
+        return sym.is_global() or sym.is_declared_global()
+
+    def refuse(self, node, construct: str, why: str) -> None:
+        self.found.append(Refusal(self.cell, getattr(node, "lineno", 0), construct, why))
+
+    # -- names and calls
+    def visit_Name(self, node: ast.Name) -> None:
+        name = node.id
+        if name in FORBIDDEN_CALLS:
+            if node.lineno in self.magic_lines:
+                self.refuse(node, "an IPython magic or shell command (% or !)", "answer cells hold Python only")
+            else:
+                self.refuse(node, name, f"{FORBIDDEN_CALLS[name]} is out of an answer's reach")
+        elif name in ATTRIBUTE_BUILTINS:
+            self.refuse(node, name, f"{name} is allowed only as a call with a literal attribute name, "
+                                    f"such as {name}(x, \"size\")")
+        elif name.startswith("__") and name.endswith("__") and name != "__name__":
+            self.refuse(node, name, "the interpreter's dunder names are out of an answer's reach")
+        elif not self.is_global(name):
+            return
+        elif name in self.lab.machinery:
+            self.refuse(node, name, f"the module {name} is the interpreter's machinery, which an answer may not use")
+        elif name in self.lab.tests_only and name not in self.own_globals:
+            self.refuse(node, name, "this name belongs to the test cells (the harness and what it holds); "
+                                    "an answer may not read or change it")
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if isinstance(node.func, ast.Name) and node.func.id in ATTRIBUTE_BUILTINS:
+            attr = node.args[1] if len(node.args) > 1 else None
+            if isinstance(attr, ast.Constant) and isinstance(attr.value, str):
+                self.attribute(node, attr.value, f"{node.func.id}(..., {attr.value!r})")
+            else:
+                self.refuse(node, node.func.id, f"{node.func.id} is allowed only with a literal attribute name, "
+                                                f"such as {node.func.id}(x, \"size\")")
+            for arg in [node.args[0]] + node.args[2:] if node.args else []:
+                self.visit(arg)
+            for kw in node.keywords:
+                self.visit(kw)
+            return
+        self.generic_visit(node)
+
+    # -- attributes
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        self.attribute(node, node.attr, f".{node.attr}")
+        self.generic_visit(node)
+
+    def attribute(self, node, attr: str, construct: str) -> None:
+        if attr.startswith("__") and attr.endswith("__"):
+            if attr not in PLAIN_DUNDERS:
+                self.refuse(node, construct, "dunder attributes reach the interpreter's insides (functions' globals "
+                                             "and code, classes' subclasses); an answer may not use them")
+        elif attr in FRAME_ATTRIBUTES:
+            self.refuse(node, construct, "frames and tracebacks hold the tests' variables; an answer may not reach them")
+        elif attr in DOORS:
+            self.refuse(node, construct, f"{attr} is the interpreter's machinery (or a door to it), which an answer "
+                                         f"may not reach, not even through another module")
+        elif attr.startswith("_") and attr not in self.own_private:
+            self.refuse(node, construct, "a private attribute that your answer cells do not define: the course's "
+                                         "objects keep their insides to themselves; use their public interface")
+
+    # -- imports
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.module(node, alias.name, None)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for alias in node.names:
+            self.module(node, "." * node.level + (node.module or ""), alias.name)
+
+    def module(self, node, module: str, name: str | None) -> None:
+        shown = f"import {module}" if name is None else f"from {module} import {name}"
+        top = _top(module)
+        if module.startswith(".") or top in MACHINERY or name in DOORS:
+            self.refuse(node, shown, "the interpreter's machinery and the grader are out of an answer's reach")
+            return
+        keys = {n for m, n in self.lab.answer_keys if m == module}
+        if name is not None and (name in keys or any(k.startswith(name + ".") for k in keys)):
+            self.refuse(node, shown, "this is the course's answer key for the lab: write this part yourself")
+        elif name == "*":
+            self.refuse(node, shown, "a star import hides what it brings in; name what you import")
+        elif top not in STANDARD and (module, name) not in self.lab.imports and (module, None) not in self.lab.imports:
+            self.refuse(node, shown, "answers import from Python's numeric and container modules and from what the "
+                                     "lab's given cells import; this module is not among them")
+
+    # -- definitions
+    def visit_FunctionDef(self, node) -> None:
+        if node.name in TAKEOVER_METHODS:
+            self.refuse(node, f"def {node.name}", "this method lets an object take over what the harness does with it")
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and FORMAT_DUNDER.search(node.value):
+            self.refuse(node, "a format string that reads a private or dunder attribute",
+                        "str.format reaches attributes the rules above keep out of reach")
+
+
+def _magic_lines(source: str) -> set[int]:
+    return {i for i, line in enumerate(source.splitlines(), 1) if line.lstrip().startswith(("%", "!"))}
+
+
+def own_private_names(trees: list[ast.Module]) -> set[str]:
+    """Private attribute names the answer cells define: assigned on an object, or a method or class attribute."""
+    names = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        names.add(item.name)
+                    for target in (item.targets if isinstance(item, ast.Assign) else
+                                   [item.target] if isinstance(item, ast.AnnAssign) else []):
+                        if isinstance(target, ast.Name):
+                            names.add(target.id)
+    return {n for n in names if n.startswith("_")}
+
+
+def _module_level(tree: ast.Module, source: str, cell: str, lab: Lab) -> list[Refusal]:
+    """Module-level bindings that would change what a test cell sees, and globals named by functions (symtable)."""
+    found = []
+    try:
+        table = symtable.symtable(source, f"<{cell}>", "exec")
+    except SyntaxError:
+        return found
+    _, imported, _ = _bindings(tree)
+    imported = {bound: dump for bound, (dump, _, _) in imported.items()}
+    first_line = {}
+    for node in ast.walk(tree):
+        for name in ([node.id] if isinstance(node, ast.Name) else
+                     [node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else
+                     [a.asname or a.name.split(".")[0] for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []):
+            first_line.setdefault(name, getattr(node, "lineno", 0))
+    for sym in table.get_symbols():
+        name = sym.get_name()
+        if not (sym.is_assigned() or sym.is_imported() or sym.is_namespace()) or name in lab.tests_only:
+            continue
+        line = first_line.get(name, 0)
+        if name in lab.given_defined and imported.get(name) != lab.given_imports.get(name, "-"):
+            found.append(Refusal(cell, line, name, "the lab's given cells define this name, and the tests use it; "
+                                                   "an answer may not redefine it (choose another name)"))
+        elif name in BUILTIN_NAMES and name not in lab.given:
+            found.append(Refusal(cell, line, name, "this is one of Python's built-ins, which the tests use; an answer "
+                                                   "may not redefine it at the top of a cell (choose another name)"))
+
+    def globals_of(t):
+        for child in t.get_children():
+            for sym in child.get_symbols():
+                if sym.is_declared_global() and sym.is_assigned() and sym.get_name() in lab.given_defined:
+                    found.append(Refusal(cell, first_line.get(sym.get_name(), 0), f"global {sym.get_name()}",
+                                         "the lab's given cells define this name; an answer may not rebind it"))
+            globals_of(child)
+
+    globals_of(table)
+    return found
+
+
+def check_answers(answers: dict[str, str], lab: Lab) -> list[Refusal]:
+    """Refusals for a submission's answer cells (grade id -> source), in the order of the cells and lines."""
+    trees, found = {}, []
+    for cell, source in answers.items():
+        try:
+            trees[cell] = parse(source)
+        except SyntaxError:
+            continue  # it fails on its own in the kernel: nothing in it can run
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    own_private = own_private_names(list(trees.values()))
+    own_globals = set().union(*(_bindings(t)[0] for t in trees.values()))
+    for cell, tree in trees.items():
+        source = TransformerManager().transform_cell(answers[cell])
+        try:
+            table = symtable.symtable(source, f"<{cell}>", "exec")
+        except SyntaxError:
+            table = None
+        checker = _Checker(cell, lab, own_private, _magic_lines(answers[cell]), own_globals, table)
+        checker.visit(tree)
+        found += checker.found + _module_level(tree, source, cell, lab)
+    return sorted(set(found), key=lambda r: (list(answers).index(r.cell), r.line, r.construct))
