@@ -52,13 +52,13 @@ DOORS = {"sys", "os", "importlib", "inspect", "gc", "ctypes", "builtins", "subpr
          "threading", "multiprocessing", "signal", "atexit", "traceback", "autograder", "IPython", "ctypeslib",
          "cpp_extension", "load_inline", "package", "hub"}
 FORBIDDEN_CALLS = {
-    "get_ipython": "IPython's shell, which controls how every later cell runs",
-    "display": "IPython's display, the channel the tests report through",
-    "exec": "running code made from text", "eval": "running code made from text",
-    "compile": "running code made from text", "__import__": "importing by a computed name",
-    "breakpoint": "the debugger, which can trace every later cell",
-    "globals": "the notebook's namespace as a dict", "locals": "a namespace as a dict",
-    "vars": "a namespace as a dict",
+    "get_ipython": "IPython's shell decides how every later cell runs",
+    "display": "IPython's display is the channel the tests report through",
+    "exec": "it runs code made from text", "eval": "it runs code made from text",
+    "compile": "it makes code from text", "__import__": "it imports by a computed name",
+    "breakpoint": "the debugger can trace every later cell",
+    "globals": "it hands out the notebook's namespace as a dict", "locals": "it hands out a namespace as a dict",
+    "vars": "it hands out a namespace as a dict",
 }
 ATTRIBUTE_BUILTINS = {"getattr", "setattr", "delattr", "hasattr"}
 PLAIN_DUNDERS = {"__init__", "__name__", "__qualname__", "__class__", "__doc__", "__len__", "__iter__", "__next__",
@@ -231,7 +231,7 @@ class _Checker(ast.NodeVisitor):
             if node.lineno in self.magic_lines:
                 self.refuse(node, "an IPython magic or shell command (% or !)", "answer cells hold Python only")
             else:
-                self.refuse(node, name, f"{FORBIDDEN_CALLS[name]} is out of an answer's reach")
+                self.refuse(node, name, f"{FORBIDDEN_CALLS[name]}; an answer may not use it")
         elif name in ATTRIBUTE_BUILTINS:
             self.refuse(node, name, f"{name} is allowed only as a call with a literal attribute name, "
                                     f"such as {name}(x, \"size\")")

@@ -1,10 +1,11 @@
 """``check NOTEBOOK``: a student's own run of the visible tests, outside JupyterLab.
 
-Runs a copy of the notebook top to bottom in a fresh kernel (the notebook file
-itself is not modified), then prints every test cell's result the way the
-grader would judge it.  A test cell the student edited runs in its released
-form when the release is at hand (course/release/), as it will when graded.
-Hidden test cells are empty in the student edition: they are listed, not run.
+Runs the notebook the grader will run, in a fresh kernel: the lab's release with the student's answer cells in
+it (autograder/assembly.py), each answer cell read first by the answer policy (autograder/answer_policy.py), so a
+cell the student added, a given or test cell they edited, or an answer the policy refuses, is treated here as the
+grader will treat it, and said so.  The notebook file itself is not modified.  Then it prints every test cell's
+result the way the grader would judge it.  Hidden test cells are empty in the student edition: they are listed,
+not run.
 Like the grader, it runs the labs' measurements short (``GRADING_ENVIRONMENT``).
 Exit status 0 when every visible test passed.
 """
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from . import environment, layout, results
+from . import assembly, environment, layout, results
 from .sandbox import MEMORY_ENV
 
 # What nbgrader's autograde puts in the environment of the kernel that grades (nbgrader/converters/autograde.py).
@@ -53,7 +54,17 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
     edited = {c.metadata.nbgrader["grade_id"] for c in nb.cells
               if c.get("metadata", {}).get("nbgrader", {}).get("grade") and "checksum" in c.metadata.nbgrader
               and not c.metadata.nbgrader.get("solution") and compute_checksum(c) != c.metadata.nbgrader["checksum"]}
-    restored = restore_test_cells(nb, edited)
+    submitted = nb
+    template = find_template(nb)
+    if template is None:
+        print("note: the lab's release is not at hand, so your notebook runs as it is (the grader runs the lab's "
+              "release with your answer cells in it)")
+        restored = restore_test_cells(nb, edited)
+    else:
+        assembled = assembly.assemble(template, nb)
+        nb, restored = assembled.notebook, set(edited)
+        for note in assembled.notes():
+            print(results.indented(f"note: {note}", 6))
     tests = results.test_cells(nb)
     print(f"running {notebook} in a fresh kernel ({timeout} s per cell; measurements run short, as when graded) ...",
           flush=True)
@@ -96,7 +107,7 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
                 continue
             e = errors[0]
             print(results.indented(f"  note: {label} raised {results.describe_error(e.get('ename'), e.get('evalue'))}", 8))
-    save_own(notebook, nb, outcomes)
+    save_own(notebook, submitted, outcomes)
     kind = "visible tests" if any(_is_empty(t.source) for t in tests) or not any(t.hidden for t in tests) else "tests"
     print(f"\n{visible_ok} of {visible_n} {kind} passed ({points:g} of {max_points:g} points) in {seconds:.0f} s")
     return 0 if visible_ok == visible_n else 1
@@ -112,6 +123,24 @@ def save_own(notebook: Path, nb, outcomes: dict) -> None:
         line = f"note: your parts were not saved for the labs' last cells ({type(e).__name__}: {e})"
     if line:
         print(f"  {line}")
+
+
+def find_template(nb):
+    """The release of the lab this notebook is (its test cells' ids name it), or None where none is at hand."""
+    import nbformat
+
+    ids = {t.grade_id for t in results.test_cells(nb)}
+    for lab in layout.all_labs():
+        try:
+            path = assembly.template_path(lab)
+        except Exception:  # noqa: BLE001 - no release and no way to make one here: check runs the notebook as it is
+            continue
+        if not path.is_file():
+            continue
+        template = nbformat.read(path, as_version=4)
+        if ids and ids <= {t.grade_id for t in results.test_cells(template)}:
+            return template
+    return None
 
 
 def restore_test_cells(nb, edited: set[str]) -> set[str]:

@@ -49,7 +49,7 @@ def cmd_grade(args) -> int:
 
     graded = grading.grade(Path(args.path), lab=args.lab, workers=args.workers, timeout=args.timeout,
                            memory_gb=args.memory_gb, time_limit=args.notebook_timeout, student=args.student,
-                           keep=args.keep, sandbox=not args.unsafe_no_sandbox)
+                           keep=args.keep, sandbox=not args.unsafe_no_sandbox, as_submitted=args.as_submitted)
     labs = sorted({r.lab for r in graded})
     out = Path(args.out) if args.out else layout.COURSE / "grades" / (labs[0] if len(labs) == 1 else "all")
     csv_path, json_path, kept = results.write_reports(graded, out)
@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keep", action="store_true", help="keep the per-student nbgrader courses under course/tmp/")
     g.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="run kernels without the bubblewrap sandbox (only for notebooks you trust; recorded in grades.json)")
+    g.add_argument("--as-submitted", action="store_true",
+                   help="run each notebook as handed in: cells the student added run, and no answer policy reads "
+                        "the answers (to test the sandbox alone; never to grade students; recorded in grades.json)")
     g.set_defaults(func=cmd_grade)
 
     f = sub.add_parser("feedback", help="write one HTML page per graded student, hidden tests removed")

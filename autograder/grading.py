@@ -35,6 +35,7 @@ from .processes import kill_tree
 from .results import CORRUPT, ERROR, MISSING, TIMED_OUT, StudentResult, TestCell
 
 
+LEAVE_OUT_ENV = "AUTOGRADER_LEAVE_OUT"  # a JSON list of given cells' ids: the course's tests only (prepare_lab)
 DEFAULT_TIMEOUT = 60     # seconds per cell
 DEFAULT_MEMORY_GB = 6.0  # address space per kernel; torch alone reserves a few GB of it
 
@@ -55,6 +56,7 @@ class LabInfo:
     template: object = None  # the lab's release (nbformat): what runs, with the submission's answers (assembly)
     policy: answer_policy.Lab | None = None  # what answer cells may reach, read from the lab's source
     sheet: dict[str, list[dict]] | None = None  # the answer sheet (autograder/sheets.py): None while it is being made
+    as_submitted: bool = False  # --as-submitted: the notebook runs as handed in, without assembly or the policy
 
 
 def load_hidden() -> dict[str, dict]:
@@ -81,6 +83,11 @@ def prepare_lab(lab: layout.Lab, run_dir: Path, hidden: dict[str, dict]) -> LabI
     files = {d.file for (name, _), dues in hidden_spec.SPECS.items() if name == lab.name for d in dues}
     source = nbformat.read(lab.source, as_version=4)
     template = nbformat.read(root / "release" / lab.name / f"{lab.name}.ipynb", as_version=4)
+    # For the course's own tests only: given cells (never answer or test cells) left out of every graded notebook,
+    # so that two dozen planted-bug submissions do not rerun the lab's measurements (tests/fixture_cells.py).
+    leave_out = set(json.loads(os.environ.get(LEAVE_OUT_ENV) or "[]"))
+    template.cells = [c for c in template.cells
+                      if c.get("id") not in leave_out or assembly.is_answer(c) or assembly.is_test(c)]
     return LabInfo(lab, tests, root / "gradebook.db", originals, {f: hidden[f] for f in sorted(files)},
                    hidden_secrets(hidden), template, answer_policy.lab_of(source))
 
@@ -119,7 +126,7 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
 
     def done(tests, notes=()):
         return StudentResult(sub.student, lab, shown, tests, list(notes), time.monotonic() - start, mode,
-                             kept.memory_cap, refusals)
+                             kept.memory_cap, refusals, "as submitted" if info.as_submitted else "assembled")
 
     try:
         submitted_nb = nbformat.read(sub.path, as_version=4)
@@ -129,7 +136,8 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
         return done(results.everything(info.tests, CORRUPT, f"cannot read the notebook: {reason}")), root
 
     # What runs is the course's notebook with the submission's answers in it, each answer cell read first.
-    assembled = assembly.assemble(info.template, submitted_nb, info.policy)
+    assembled = (assembly.Assembled(submitted_nb, [], [], []) if info.as_submitted
+                 else assembly.assemble(info.template, submitted_nb, info.policy))
     refusals[:] = [str(r) for r in assembled.refusals]
     submitted = root / "submitted" / sub.student / lab / f"{lab}.ipynb"
     submitted.parent.mkdir(parents=True)
@@ -289,6 +297,9 @@ def merge(result: StudentResult, root: Path) -> None:
     (dest / "result.json").write_text(json.dumps(results.to_json([result])["students"][0], indent=1) + "\n")
 
 
+AS_SUBMITTED_WARNING = ("WARNING: grading the notebooks as submitted (--as-submitted): cells a student added run, and "
+                        "no answer policy reads the answers, so code in them can change how the tests run. Use this "
+                        "only to test the sandbox; grades.json records it.")
 UNSAFE_WARNING = ("WARNING: grading without a sandbox (--unsafe-no-sandbox): every submission runs with your own "
                   "rights, and can read the hidden tests' data, change files and other students' grades. "
                   "Use this only for notebooks you trust; grades.json records it.")
@@ -297,7 +308,7 @@ UNSAFE_WARNING = ("WARNING: grading without a sandbox (--unsafe-no-sandbox): eve
 def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT_TIMEOUT,
           memory_gb: float = DEFAULT_MEMORY_GB, time_limit: int | None = None, student: str | None = None,
           merge_into_course: bool = True, keep: bool = False, sandbox: bool = True, echo=print,
-          only_tests: dict[str, set[str]] | None = None) -> list[StudentResult]:
+          only_tests: dict[str, set[str]] | None = None, as_submitted: bool = False) -> list[StudentResult]:
     """Grade PATH (a notebook, a folder or a zip); returns one StudentResult per submission.
 
     ``sandbox=False`` (the CLI's --unsafe-no-sandbox) runs kernels unsandboxed, with one warning; without it,
@@ -319,6 +330,8 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
              f"{isolation.memory_cap_name((cgroups.find() or (None,))[0], memory_gb)}")
     else:
         echo(UNSAFE_WARNING)
+    if as_submitted:
+        echo(AS_SUBMITTED_WARNING)
     run_dir = layout.COURSE / "tmp" / f"grade-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_dir.mkdir(parents=True)
     try:
@@ -327,6 +340,7 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
         for sub in subs:
             if sub.lab.name not in infos:
                 infos[sub.lab.name] = prepare_lab(sub.lab, run_dir, hidden)
+                infos[sub.lab.name].as_submitted = as_submitted
         limit = time_limit or student_time_limit(timeout)
         echo(f"grading {len(subs)} submission{'s' * (len(subs) != 1)} with {workers} worker{'s' * (workers != 1)} "
              f"(limits: {timeout} s per cell, {limit} s per notebook, {memory_gb:g} GB per kernel)")

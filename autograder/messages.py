@@ -130,9 +130,13 @@ def notes_from_submission(nb, info) -> list[str]:
     nbgrader fact 3), so the comparison is with the released source instead.
     """
     notes = []
+    present = set()
     for t in results.test_cells(nb):
+        present.add(t.grade_id)
         if t.grade_id in info.originals and t.source not in info.originals[t.grade_id]:
             notes.append(f"test cell {t.grade_id} was edited; the grader ran the original")
+    notes += [f"test cell {gid} was deleted from the submission; the grader ran the original"
+              for gid in info.originals if gid not in present]
     return notes
 
 

@@ -199,6 +199,9 @@ def publish(out: Path, force: bool = False) -> int:
         release.generate(lab, quiet=True)  # nbgrader's stubs in course/release/, regenerated only if the source changed
     released = {(Path("labs") / lab.name / src.relative_to(lab.release.parent)).as_posix(): src
                 for lab in labs for src in sorted(lab.release.parent.rglob("*")) if src.is_file()}
+    # A pristine copy of each release, which `check` runs with the student's answers in it (autograder/assembly.py):
+    # the copy in labs/ is the one students edit.
+    released |= {f"autograder/released/{lab.name}.ipynb": lab.release for lab in labs}
     sources = {rel: layout.REPO_ROOT / rel for rel in files} | released
     notebooks = {rel: _render(src, rel, where) for rel, src in sources.items() if src.suffix == ".ipynb"}
 

@@ -55,6 +55,7 @@ class StudentResult:
     sandbox: str = "bubblewrap-root"  # or "bubblewrap-userns" (autograder.isolation), or "none": --unsafe-no-sandbox
     memory_cap: str = ""  # e.g. "cgroup v1 memory.limit_in_bytes 6 GB", "RLIMIT_AS 6 GB per process"
     refusals: list[str] = dataclasses.field(default_factory=list)  # answer cells the policy refused (answer_policy)
+    notebook: str = "assembled"  # the course's notebook with the answers (assembly); "as submitted": --as-submitted
 
     @property
     def score(self) -> float:
@@ -177,7 +178,7 @@ def to_json(results: list[StudentResult]) -> dict:
     return {"students": [
         {"student": r.student, "lab": r.lab, "submission": r.submission, "score": r.score, "max_score": r.max_score,
          "seconds": round(r.seconds, 1), "sandbox": r.sandbox,
-         "memory_cap": r.memory_cap, "refusals": r.refusals, "notes": r.notes,
+         "memory_cap": r.memory_cap, "notebook": r.notebook, "refusals": r.refusals, "notes": r.notes,
          "tests": [dataclasses.asdict(t) for t in r.tests]}
         for r in results]}
 
@@ -185,7 +186,7 @@ def to_json(results: list[StudentResult]) -> dict:
 def from_json(data: dict) -> list[StudentResult]:
     return [StudentResult(s["student"], s["lab"], s["submission"], [TestResult(**t) for t in s["tests"]],
                           s.get("notes", []), s.get("seconds", 0.0), s.get("sandbox", "bubblewrap"),
-                          s.get("memory_cap", ""), s.get("refusals", []))
+                          s.get("memory_cap", ""), s.get("refusals", []), s.get("notebook", "assembled"))
             for s in data["students"]]
 
 

@@ -54,12 +54,12 @@ def lock(lab: layout.Lab):
     import fcntl
 
     SHEETS.mkdir(parents=True, exist_ok=True)
-    with open(SHEETS / f"{lab.name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    fd = os.open(SHEETS / f"{lab.name}.lock", os.O_RDONLY | os.O_CREAT, 0o666)  # read-only: anyone may lock it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def from_graded(graded_nb, solution: results.StudentResult) -> dict[str, list[dict]]:

@@ -63,6 +63,8 @@ def problems_of(lab: layout.Lab, solution: results.StudentResult, stub: results.
         found.append("the lab has no hidden tests")
     # Every cell of the solution must run, measurements included: make test executes the labs only here.
     found += [f"the solution: {note}" for note in solution.notes]
+    found += [f"the answer policy refuses the solution's {r} (every correct answer must pass it)"
+              for r in solution.refusals]
     for t in solution.tests:
         if t.max_points <= 0:
             found.append(f"test cell {t.test} is worth no points")

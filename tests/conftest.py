@@ -16,6 +16,14 @@ torch.set_num_threads(1)
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_name] = "1"
 
+# Answer sheets (autograder/sheets.py) are named by a hash of everything they depend on, so every test and every
+# run of the suite can share them: the first grading of a lab makes its sheet, the others read it. A folder of
+# the checkout's build/ (git-ignored), open to the throwaway account that grades as a normal user.
+_SHEETS = REPO_ROOT / "build" / "test-sheets"
+_SHEETS.mkdir(parents=True, exist_ok=True)
+_SHEETS.chmod(0o1777)
+os.environ.setdefault("AUTOGRADER_SHEETS_DIR", str(_SHEETS))
+
 # The longest files first: `make test` hands whole files to its two workers in this order (--dist loadfile
 # --no-loadscope-reorder), so the long ones start at once and short ones fill in at the end, where one
 # long file left alone would keep one core idle. pytest-xdist's own order sorts files by their number of

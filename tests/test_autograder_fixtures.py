@@ -23,6 +23,7 @@ import pytest
 from pathlib import Path
 
 from fixture_cells import copy_fixture_set, course_cells
+from autograder.grading import LEAVE_OUT_ENV
 from test_autograder_support import FIXTURES, REPO, explain, normal_user, run_cli, user_env
 
 pytestmark = pytest.mark.slow
@@ -61,17 +62,29 @@ def snapshot(work) -> dict[str, str]:
     return files
 
 
+# The attacks on the sandbox itself sit in cells they add, which the grader never runs (autograder/assembly.py), and
+# reach for what the answer policy refuses (os, subprocess, signals). To test the sandbox alone, as the layer beneath
+# those two, they are graded as submitted (--as-submitted); every other fixture is graded as students are.
+AS_SUBMITTED = sorted(MAKE.ATTACKS) + sorted(MAKE.EXHAUSTION) + ["m2_kill", "m_exit", "n_memory"]
+
+
 @pytest.fixture(scope="module")
 def graded():
-    """The one grading run of every fixture, as a normal user (issue 24): in a user namespace, as an instructor on a
+    """The grading runs of every fixture, as a normal user (issue 24): in a user namespace, as an instructor on a
     laptop grades. Root's mode, a uid per student, is graded by tests/test_autograder_cli.py's runs."""
     with normal_user() as (work, as_user):
         env = user_env(work)
-        submissions = work / "submissions"
+        submissions, raw = work / "submissions", work / "as-submitted"
         submissions.mkdir()
+        raw.mkdir()
         # h_corrupt is committed as .ipynb.broken (a student would hand in .ipynb); the lab's measurement cells stay
-        # out of every copy: verify runs them, in the lab's solution (tests/fixture_cells.py)
+        # out of every copy: verify runs them, in the lab's solution (tests/fixture_cells.py). The graded notebook
+        # is the lab's release with the answers in it, so the cells are left out of it by their ids, a hook for
+        # the course's tests (grading.LEAVE_OUT_ENV).
         left_out = copy_fixture_set(FIXTURES, MAKE.LAB, submissions)
+        for name in AS_SUBMITTED:
+            (submissions / f"{name}.ipynb").rename(raw / f"{name}.ipynb")
+        env[LEAVE_OUT_ENV] = json.dumps(sorted({i for ids in left_out.values() for i in ids}))
         before = snapshot(work)
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -79,8 +92,9 @@ def graded():
         listener.listen()
         listener.setblocking(False)
         try:
-            r = run_cli("grade", submissions, "--lab", "lab01", "--workers", 2, "--timeout", 10, "--out",
-                        work / "grades", env=env, cwd=work, timeout=900, **as_user)
+            runs = [run_cli("grade", folder, "--lab", "lab01", "--workers", 2, "--timeout", 10, "--out",
+                            work / "grades", *extra, env=env, cwd=work, timeout=900, **as_user)
+                    for folder, extra in ((submissions, ()), (raw, ("--as-submitted",)))]
             try:
                 listener.accept()
                 connected = True
@@ -88,11 +102,13 @@ def graded():
                 connected = False
         finally:
             listener.close()
-        assert r.returncode == 0, explain(r)
+        for r in runs:
+            assert r.returncode == 0, explain(r)
         students = {s["student"]: s for s in json.loads((work / "grades" / "grades.json").read_text())["students"]}
         fb = run_cli("feedback", "lab01", env=env, cwd=work, timeout=300, **as_user)
-        yield {"students": students, "stdout": r.stdout, "work": work, "feedback": fb, "env": env,
-               "before": before, "after": snapshot(work), "connected": connected, "left_out": left_out}
+        yield {"students": students, "stdout": runs[0].stdout + runs[1].stdout, "runs": runs, "work": work,
+               "feedback": fb, "env": env, "before": before, "after": snapshot(work), "connected": connected,
+               "left_out": left_out}
 
 
 def test_fixtures_match_the_lab(graded):
@@ -114,9 +130,12 @@ def test_committed_fixtures_have_no_outputs():
         assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), name
 
 
-def test_every_fixture_was_graded_in_one_run(graded):
+def test_every_fixture_was_graded_in_one_of_the_two_runs(graded):
     assert sorted(graded["students"]) == NAMES
     assert "Traceback" not in graded["stdout"]
+    for name, student in graded["students"].items():
+        assert student["notebook"] == ("as submitted" if name in AS_SUBMITTED else "assembled"), name
+    assert "WARNING: grading the notebooks as submitted" in graded["runs"][1].stdout
 
 
 def test_only_the_labs_own_measurement_cells_were_left_out(graded):
@@ -254,8 +273,8 @@ def test_the_run_says_its_sandbox_and_each_student_records_it_and_the_memory_cap
     make one (autograder/cgroups.py); the throwaway account the tests make as root may make none."""
     import re
 
-    said = [ln for ln in graded["stdout"].splitlines() if ln.startswith("sandbox: ")]
-    assert len(said) == 1, graded["stdout"][:2000]
+    said = [ln for r in graded["runs"] for ln in r.stdout.splitlines() if ln.startswith("sandbox: ")]
+    assert len(said) == 2 and said[0] == said[1], graded["stdout"][:2000]
     found = re.fullmatch(r"sandbox: bubblewrap-userns \(bwrap in an unprivileged user namespace, every kernel as your "
                          r"own uid\); memory cap per submission: (RLIMIT_AS 6 GB per process|cgroup v2 memory.max 6 GB)",
                          said[0])

@@ -1,0 +1,90 @@
+"""Probes from inside the kernel: each is a lab's released stub plus one attack of a class the grader must hold
+against (autograder/README.md, Integrity inside the kernel), graded by the real pipeline. A stub scores 0, so each
+probe must score 0 too: an attack that earned anything would be a grade forged from inside the kernel.
+
+Measured before these defences, on the same stubs: the five-line input transformer alone scored 40/40 on lab 03 and
+20/32 on lab 01; copying the answer key by source and routing around the pass counter got full marks in lab 01
+with the hidden tests. Each attack sits where a student would put it: in an answer cell (the policy refuses it, and
+the stub runs instead), or in a cell of its own (never run).
+"""
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+
+from test_autograder_support import REPO, explain, isolated_env, run_cli
+
+pytestmark = pytest.mark.slow
+
+FIVE_LINES = '''\
+_ip = get_ipython()
+def _neuter(lines):
+    src = "".join(lines)
+    return ["pass\\n"] if ("autograder" in src or "lab." in src) else lines
+_ip.input_transformers_post.append(_neuter)
+'''
+# name: (lab, where: "answer" (appended to the lab's first answer cell) or "added" (a cell after the parameters),
+#        the attack, the construct a refusal names (answer cells))
+PROBES = {
+    "lab03_transformer_in_an_answer": ("lab03", "answer", FIVE_LINES, "get_ipython"),
+    "lab01_transformer_in_its_own_cell": ("lab01", "added", FIVE_LINES, None),
+    "lab02_event_hook_by_another_name": ("lab02", "answer",
+                                         "shell = (lambda: get_ipython)()()\n"
+                                         "shell.events.register('post_run_cell', lambda result: None)\n", "get_ipython"),
+    "lab01_exception_handler": ("lab01", "answer",
+                                "get_ipython().set_custom_exc((AssertionError,), lambda *a, **k: None)\n",
+                                "get_ipython"),
+    "lab01_patched_harness": ("lab01", "answer",
+                              "import importlib\nimportlib.reload = lambda module: module\n", "import importlib"),
+    "lab01_sys_modules": ("lab01", "answer", "sys.modules['autograder.labs'] = None\n", "sys"),
+    "lab03_reads_the_tests_namespace": ("lab03", "answer",
+                                        "def _peek():\n    return globals().get('HELD_OUT')\n", "globals"),
+    "lab01_answer_key_by_source": ("lab01", "answer",
+                                   "import inspect\nimport miniengine.sampling as s\n"
+                                   "exec(inspect.getsource(s.top_k_mask))\n", "import inspect"),
+    "lab01_around_the_pass_counter": ("lab01", "answer",
+                                      "def _call(model, *args):\n    return model._model(*args)\n", "._model"),
+    "lab01_forged_observations": ("lab01", "answer",
+                                  "display({'application/vnd.miniengine.observations+json': {'rows': []}}, raw=True)\n",
+                                  "display"),
+}
+
+
+def first_answer(nb):
+    return next(c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution"))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    work = tmp_path_factory.mktemp("probes")
+    env = isolated_env(work)
+    r = run_cli("release", "lab01", "lab02", "lab03", env=env, cwd=work, timeout=300)
+    assert r.returncode == 0, explain(r)
+    folder = work / "submissions"
+    for name, (lab, where, attack, _) in PROBES.items():
+        release = next((work / "course" / "release").glob(f"{lab}_*/{lab}_*.ipynb"))
+        nb = nbformat.read(release, as_version=4)
+        if where == "answer":
+            first_answer(nb).source += "\n" + attack
+        else:
+            nb.cells.insert(2, nbformat.v4.new_code_cell(attack))
+        (folder / name).mkdir(parents=True)
+        nbformat.write(nb, folder / name / release.name)
+    r = run_cli("grade", folder, "--workers", 2, "--timeout", 20, "--out", work / "grades", env=env, cwd=work,
+                timeout=900)
+    assert r.returncode == 0, explain(r)
+    return {s["student"]: s for s in json.loads((work / "grades" / "grades.json").read_text())["students"]}
+
+
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_an_attack_from_inside_the_kernel_earns_nothing(graded, name):
+    lab, where, _, construct = PROBES[name]
+    got = graded[name]
+    assert got["lab"].startswith(lab) and got["notebook"] == "assembled"
+    assert got["score"] == 0 and not any(t["status"] == "passed" for t in got["tests"]), json.dumps(got)[:3000]
+    if where == "answer":
+        assert any(f": {construct}: " in r for r in got["refusals"]), got["refusals"]
+    else:
+        assert got["refusals"] == [] and any("a cell you added" in n for n in got["notes"]), got["notes"]
