@@ -63,7 +63,8 @@ FORBIDDEN_CALLS = {
 ATTRIBUTE_BUILTINS = {"getattr", "setattr", "delattr", "hasattr"}
 PLAIN_DUNDERS = {"__init__", "__name__", "__qualname__", "__class__", "__doc__", "__len__", "__iter__", "__next__",
                  "__getitem__", "__setitem__", "__contains__", "__repr__", "__str__", "__call__", "__enter__",
-                 "__exit__", "__post_init__"}
+                 "__exit__", "__post_init__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__",
+                 "__bool__"}
 FRAME_ATTRIBUTES = {"gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "f_back", "f_globals",
                     "f_locals", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next", "co_code", "co_consts"}
 # Dunder methods that let an object take over what the harness does with it (torch's and NumPy's dispatch).
@@ -236,7 +237,9 @@ class _Checker(ast.NodeVisitor):
             self.refuse(node, name, f"{name} is allowed only as a call with a literal attribute name, "
                                     f"such as {name}(x, \"size\")")
         elif name.startswith("__") and name.endswith("__") and name != "__name__":
-            self.refuse(node, name, "the interpreter's dunder names are out of an answer's reach")
+            in_class = len(self.scopes) > 1 and self.scopes[-1].get_type() == "class"
+            if not (in_class and isinstance(node.ctx, ast.Store) and name in PLAIN_DUNDERS | {"__slots__"}):
+                self.refuse(node, name, "the interpreter's dunder names are out of an answer's reach")
         elif not self.is_global(name):
             return
         elif name in self.lab.machinery:

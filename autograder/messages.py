@@ -131,8 +131,12 @@ def notes_from_submission(nb, info) -> list[str]:
     """
     notes = []
     present = set()
+    points = {t.grade_id: t.max_points for t in info.tests}
     for t in results.test_cells(nb):
         present.add(t.grade_id)
+        if t.grade_id in points and t.max_points != points[t.grade_id]:
+            notes.append(f"the points of {t.grade_id} were changed to {t.max_points:g}; the grader used "
+                         f"{points[t.grade_id]:g}")
         if t.grade_id in info.originals and t.source not in info.originals[t.grade_id]:
             notes.append(f"test cell {t.grade_id} was edited; the grader ran the original")
     notes += [f"test cell {gid} was deleted from the submission; the grader ran the original"

@@ -205,11 +205,19 @@ def test_check_prints_a_failing_message_whole(checked_synthetic):
 
 # ---------------------------------------------------------------- planted bugs: what a failed test's message says
 
-BROKEN_GREEDY = """def greedy(logits):
-    \"\"\"Right, until the cell before the hidden test sets BROKEN: then an IndexError on some steps.\"\"\"
-    if globals().get("BROKEN") and int(np.argmax(logits)) % 3 == 0:
+# Right for as many calls as the visible tests make (their three hand-made cases, then every step of the visible greedy
+# runs), then an IndexError on some steps: the hidden test's. A cell of the student's own that flipped a flag
+# before the hidden test would never run: the grader runs the lab's notebook with the answer cells in it.
+BROKEN_GREEDY = """def greedy(logits, _calls=[0]):
+    _calls[0] += 1  # right for the first {visible} calls, then an IndexError on some steps
+    if _calls[0] > {visible} and int(np.argmax(logits)) % 3 == 0:
         return [][1]
     return int(np.argmax(logits))"""
+
+
+def visible_greedy_calls() -> int:
+    golden = json.loads((REPO / "data" / "golden" / "visible.json").read_text())
+    return 3 + sum(len(c["token_ids"]) for c in golden["cases"] if c["params"]["temperature"] == 0)
 
 BROKEN_RING = """def ring_all_reduce(tensor, comm):
     \"\"\"Right on threads (ThreadRing); on the engine's gloo ranks, an IndexError.\"\"\"
@@ -258,7 +266,7 @@ def test_planted_bugs_get_whole_messages_that_name_the_hidden_case_and_where(tmp
     the line; the hidden ones never the exception's text; and the feedback page shows them whole."""
     env = isolated_env(tmp_path)
     # lab 01's other parts stay as released: only greedy's tests are read here (solved, the rest cost 16 s of CPU)
-    planted("lab01_naive_decode", {"greedy": BROKEN_GREEDY}, {"greedy-hidden": "BROKEN = True"},
+    planted("lab01_naive_decode", {"greedy": BROKEN_GREEDY.format(visible=visible_greedy_calls())}, {},
             tmp_path / "subs" / "planted" / "lab01_naive_decode.ipynb", solved=())
     planted("lab09_tensor_parallelism", {"ring": BROKEN_RING}, {},
             tmp_path / "subs" / "planted" / "lab09_tensor_parallelism.ipynb")

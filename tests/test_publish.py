@@ -264,11 +264,17 @@ def test_the_edition_checks_labs_but_has_no_instructor_verbs(edition):
     site-packages (-S), as in an edition's own environment.
     """
     probe = ("import sys, autograder.check, autograder.execute, autograder.notebook_checks, autograder.sandbox\n"
+             "import autograder.assembly, autograder.answer_policy\n"
              "print('\\n'.join(m.__file__ for n, m in sys.modules.items() if n.split('.')[0] == 'autograder'))")
     r = subprocess.run([sys.executable, "-c", probe], cwd=edition, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, explain(r)
     outside = [f for f in r.stdout.split() if not Path(f).resolve().is_relative_to(edition.resolve())]
     assert not outside, f"the edition's autograder needs modules it does not have: {outside}"
+    # `check` runs the lab's release with the student's answers in it: a pristine copy of each ships, beside the
+    # copy in labs/ that the student edits (autograder/assembly.py)
+    for lab in LAB_SOURCES:
+        released = edition / "autograder" / "released" / lab.name
+        assert released.is_file() and released.read_text() == (edition / "labs" / lab.parent.name / lab.name).read_text()
     for verb in ("release", "verify", "publish x"):
         r = subprocess.run([sys.executable, "-S", "-m", "autograder", *verb.split()], cwd=edition,
                            capture_output=True, text=True, timeout=120)

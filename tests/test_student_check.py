@@ -38,8 +38,22 @@ def test_check_fails_every_visible_test_of_the_released_lab_with_its_reason(tmp_
         assert r.returncode == 0, explain(r)
         notebook = tmp_path / "student" / LAB / f"{LAB}.ipynb"
 
+    # As a student might: a cell of their own, and a line in an answer cell that the answer policy refuses. check runs
+    # what the grader runs (the release with the answers in it), so it says that neither ran.
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    nb.cells.insert(3, nbformat.v4.new_code_cell("print('my own scratch cell')"))
+    answer = next(c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("solution"))
+    answer.source += "\nget_ipython().events.register('pre_run_cell', print)\n"
+    notebook = tmp_path / f"{LAB}.ipynb"
+    nbformat.write(nb, notebook)
+
     r = cli("check", notebook, env=env, cwd=tmp_path)
     assert r.returncode == 1, explain(r)
+    assert "not run: cell 3 (\"print('my own scratch cell')\"): a cell you added" in r.stdout, explain(r)
+    assert "refused, so the stub ran in its place: answer cell greedy, line" in r.stdout, explain(r)
+    assert "my own scratch cell" not in r.stdout.split("running ")[-1], explain(r)
     assert "Traceback" not in r.stdout + r.stderr, explain(r)
     summary = re.search(r"^0 of (\d+) visible tests passed", r.stdout, re.M)
     assert summary and int(summary.group(1)) > 0, explain(r)
