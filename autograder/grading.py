@@ -15,7 +15,6 @@ For every submission:
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -26,16 +25,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import (answer_policy, assembly, cgroups, environment, hidden_spec, isolation, layout, release, results, sheets,
-               submissions, verdicts)
-from .config import COURSE_ID, nbgrader_api, succeeded
-from .messages import (DIED, hidden_secrets, judge_hidden_outputs, notes_from_log, notes_from_outputs,
+from . import assembly, cgroups, environment, isolation, layout, results, sheets, submissions, verdicts
+from .lab_prep import LabInfo, load_hidden, prepare_lab, write_hidden_inputs
+from .lab_prep import only_tests as keep_only
+from .config import COURSE_ID
+from .messages import (DIED, judge_hidden_outputs, notes_from_log, notes_from_outputs,
                        notes_from_submission, redact, safe_message)
 from .processes import kill_tree
-from .results import CORRUPT, ERROR, MISSING, TIMED_OUT, StudentResult, TestCell
+from .results import CORRUPT, ERROR, MISSING, TIMED_OUT, StudentResult
 
 
-LEAVE_OUT_ENV = "AUTOGRADER_LEAVE_OUT"  # a JSON list of given cells' ids: the course's tests only (prepare_lab)
 DEFAULT_TIMEOUT = 60     # seconds per cell
 DEFAULT_MEMORY_GB = 6.0  # address space per kernel; torch alone reserves a few GB of it
 
@@ -43,62 +42,6 @@ DEFAULT_MEMORY_GB = 6.0  # address space per kernel; torch alone reserves a few 
 def student_time_limit(timeout: int) -> int:
     """The whole notebook's limit: room for a few cells to time out, but not for every cell to."""
     return max(120, 6 * int(timeout))
-
-
-@dataclasses.dataclass
-class LabInfo:
-    lab: layout.Lab
-    tests: list[TestCell]
-    template_db: Path  # the lab's gradebook with no students: each private course starts from a copy
-    originals: dict[str, set[str]]  # test cell id -> its source in the lab and in the release: anything else is an edit
-    golden: dict[str, dict]  # the hidden golden files this lab's hidden tests are compared with
-    secrets: list[str]  # what would give a hidden input away in a message (hidden_secrets)
-    template: object = None  # the lab's release (nbformat): what runs, with the submission's answers (assembly)
-    policy: answer_policy.Lab | None = None  # what answer cells may reach, read from the lab's source
-    sheet: dict[str, list[dict]] | None = None  # the answer sheet (autograder/sheets.py): None while it is being made
-    as_submitted: bool = False  # --as-submitted: the notebook runs as handed in, without assembly or the policy
-
-
-def load_hidden() -> dict[str, dict]:
-    """Every hidden golden file there is, by name: read once per grading run."""
-    return {f: hidden_spec.load(f) for f in hidden_spec.FILES if (hidden_spec.HIDDEN_DIR / f"{f}.json").exists()}
-
-
-def prepare_lab(lab: layout.Lab, run_dir: Path, hidden: dict[str, dict]) -> LabInfo:
-    """The lab's test cells and a template gradebook, built from labs/ in this run; ``hidden``: load_hidden().
-
-    The template is never copied from course/gradebook.db: anything that could write there (an earlier
-    ungraded run, a hand edit) could raise a test's points or change its source.
-    """
-    import nbformat
-
-    release.generate(lab)  # keeps course/ (where grades are merged, and the formgrader looks) current
-    root = run_dir / f"template-{lab.name}"
-    succeeded(nbgrader_api(root).generate_assignment(lab.name, force=True, create=True),
-              f"nbgrader generate_assignment {lab.name} (the template gradebook)")
-    tests = results.test_cells(nbformat.read(lab.source, as_version=4))
-    originals = {t.grade_id: {t.source} for t in tests}
-    for t in results.test_cells(nbformat.read(root / "release" / lab.name / f"{lab.name}.ipynb", as_version=4)):
-        originals.setdefault(t.grade_id, set()).add(t.source)
-    files = {d.file for (name, _), dues in hidden_spec.SPECS.items() if name == lab.name for d in dues}
-    source = nbformat.read(lab.source, as_version=4)
-    template = nbformat.read(root / "release" / lab.name / f"{lab.name}.ipynb", as_version=4)
-    # For the course's own tests only: given cells (never answer or test cells) left out of every graded notebook,
-    # so that two dozen planted-bug submissions do not rerun the lab's measurements (tests/fixture_cells.py).
-    leave_out = set(json.loads(os.environ.get(LEAVE_OUT_ENV) or "[]"))
-    template.cells = [c for c in template.cells
-                      if c.get("id") not in leave_out or assembly.is_answer(c) or assembly.is_test(c)]
-    return LabInfo(lab, tests, root / "gradebook.db", originals, {f: hidden[f] for f in sorted(files)},
-                   hidden_secrets(hidden), template, answer_policy.lab_of(source))
-
-
-def write_hidden_inputs(run_dir: Path, hidden: dict[str, dict]) -> Path:
-    """The hidden files' inputs only (public_view), which a sandbox is shown while a hidden test runs."""
-    folder = run_dir / "hidden-inputs"
-    folder.mkdir()
-    for name, data in hidden.items():
-        (folder / f"{name}.json").write_text(json.dumps(hidden_spec.public_view(data)))
-    return folder
 
 
 def _scores(db: Path, lab: str, student: str) -> dict[str, float | None]:
@@ -231,15 +174,6 @@ def answer_sheets(infos: dict[str, LabInfo], run_dir: Path, timeout: int, memory
     return made
 
 
-def _only(info: LabInfo, keep: set[str] | None) -> LabInfo:
-    """``info`` with a template that keeps only the test cells ``keep`` names (all when None)."""
-    if keep is None:
-        return info
-    template = copy.deepcopy(info.template)
-    template.cells = [c for c in template.cells if not assembly.is_test(c) or assembly.grade_id(c) in keep]
-    return dataclasses.replace(info, template=template)
-
-
 def _is_source(sub: submissions.Submission, made: dict) -> bool:
     return sub.lab.name in made and Path(sub.path).read_bytes() == sub.lab.source.read_bytes()
 
@@ -349,7 +283,7 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
         solutions = answer_sheets(infos, run_dir, timeout, memory_gb, limit, mode, inputs, workers, echo)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(_reuse, s, solutions[s.lab.name]) if _is_source(s, solutions)
-                       else pool.submit(grade_one, s, _only(infos[s.lab.name], (only_tests or {}).get(s.student)),
+                       else pool.submit(grade_one, s, keep_only(infos[s.lab.name], (only_tests or {}).get(s.student)),
                                         run_dir, timeout, memory_gb, limit, mode, inputs)
                        for s in subs]
             for n, fut in enumerate(as_completed(futures), 1):

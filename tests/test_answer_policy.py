@@ -127,3 +127,16 @@ def test_a_refusal_names_the_cell_the_line_and_the_construct(lab01):
 
 def test_a_cell_with_a_syntax_error_is_left_to_fail_on_its_own(lab01):
     assert policy.check_answers({"greedy": "def f(:\n"}, lab01) == []
+
+
+def test_the_answer_keys_are_every_lab_harness_s():
+    """Read from the harnesses' answer-key dicts (tests/test_answer_keys.py resolves each), not a list kept here."""
+    keys = policy.answer_keys()
+    assert ("miniengine.reference", "naive_generate") in keys  # the shared guard's
+    assert {m for m, _ in keys} >= {"miniengine.cost.roofline", "miniengine.engine.policy"}  # labs 03 and 04's
+
+
+def test_a_class_whose_method_is_an_answer_key_cannot_be_imported():
+    lab = policy.lab_of(nbformat.read(REPO_ROOT / "labs" / "lab03_roofline" / "lab03_roofline.ipynb", as_version=4))
+    (r,) = policy.check_answers({"forward_flops": "from miniengine.cost.roofline import CostModel\n"}, lab)
+    assert "answer key" in r.why

@@ -23,7 +23,7 @@ import pytest
 from pathlib import Path
 
 from fixture_cells import copy_fixture_set, course_cells
-from autograder.grading import LEAVE_OUT_ENV
+from autograder.lab_prep import LEAVE_OUT_ENV
 from test_autograder_support import FIXTURES, REPO, explain, normal_user, run_cli, user_env
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def graded():
         # h_corrupt is committed as .ipynb.broken (a student would hand in .ipynb); the lab's measurement cells stay
         # out of every copy: verify runs them, in the lab's solution (tests/fixture_cells.py). The graded notebook
         # is the lab's release with the answers in it, so the cells are left out of it by their ids, a hook for
-        # the course's tests (grading.LEAVE_OUT_ENV).
+        # the course's tests (lab_prep.LEAVE_OUT_ENV).
         left_out = copy_fixture_set(FIXTURES, MAKE.LAB, submissions)
         for name in AS_SUBMITTED:
             (submissions / f"{name}.ipynb").rename(raw / f"{name}.ipynb")
