@@ -161,12 +161,11 @@ def answer_sheets(infos: dict[str, LabInfo], run_dir: Path, timeout: int, memory
             sub = submissions.Submission("answer-sheet", info.lab, info.lab.source)
             result, root = grade_one(sub, info, run_dir, timeout, memory_gb, limit, mode, inputs)
             graded = root / "autograded" / sub.student / info.lab.name / f"{info.lab.name}.ipynb"
-            cells = sheets.from_graded(nbformat.read(graded, as_version=4) if graded.exists() else None, result)
-            sheets.write(info.lab, cells)
-            info.sheet = cells
+            info.sheet = sheets.from_graded(nbformat.read(graded, as_version=4) if graded.exists() else None, result)
+            sheets.write(info.lab, info.sheet)
             made[info.lab.name] = (result, root)
 
-    for info in infos.values():
+    for info in infos.values():  # read here, made below where missing
         info.sheet = sheets.load(info.lab)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for fut in [pool.submit(make, info) for info in infos.values() if info.sheet is None]:
@@ -180,8 +179,7 @@ def _is_source(sub: submissions.Submission, made: dict) -> bool:
 
 def _reuse(sub: submissions.Submission, made: tuple[StudentResult, Path]) -> tuple[StudentResult, Path]:
     """The grading that made the sheet, as this submission's (the same notebook: grading it again would repeat it)."""
-    result, root = made
-    return dataclasses.replace(result, student=sub.student, submission=str(sub.path)), root
+    return dataclasses.replace(made[0], student=sub.student, submission=str(sub.path)), made[1]
 
 
 def _last_words(proc: subprocess.Popen, seconds: int = 30) -> tuple[str, str]:

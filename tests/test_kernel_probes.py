@@ -25,25 +25,56 @@ def _neuter(lines):
     return ["pass\\n"] if ("autograder" in src or "lab." in src) else lines
 _ip.input_transformers_post.append(_neuter)
 '''
-# name: (lab, where: "answer" (appended to the lab's first answer cell) or "added" (a cell after the parameters),
+FAKE_HARNESS = '''\
+import importlib
+import autograder
+
+
+class _Anything:
+    def __getattr__(self, name):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+
+autograder.labs = _Anything()
+importlib.reload = lambda module: module
+'''
+STEAL_HIDDEN_NUMBERS = '''\
+def _steal(info):
+    import re
+    for name, value in re.findall(r'"(\\w+)": \\(([\\d_]+), 0\\.5\\)', info.raw_cell or ""):
+        globals()[name] = int(value.replace("_", ""))
+
+
+get_ipython().events.register("pre_run_cell", _steal)
+'''
+# name: (lab, where: "answer" (appended to the lab's first answer cell), "answer:ID" (to answer cell ID), or "added" (a
+#        cell after the parameters),
 #        the attack, the construct a refusal names (answer cells))
 PROBES = {
+    # code that changes how later cells run
     "lab03_transformer_in_an_answer": ("lab03", "answer", FIVE_LINES, "get_ipython"),
     "lab01_transformer_in_its_own_cell": ("lab01", "added", FIVE_LINES, None),
-    "lab02_event_hook_by_another_name": ("lab02", "answer",
-                                         "shell = (lambda: get_ipython)()()\n"
-                                         "shell.events.register('post_run_cell', lambda result: None)\n", "get_ipython"),
+    "lab02_ast_transformer_by_another_name": ("lab02", "answer",
+                                              "shell = (lambda: get_ipython)()()\nimport ast\n"
+                                              "shell.ast_transformers.append(ast.NodeTransformer())\n", "get_ipython"),
     "lab01_exception_handler": ("lab01", "answer",
-                                "get_ipython().set_custom_exc((AssertionError,), lambda *a, **k: None)\n",
-                                "get_ipython"),
-    "lab01_patched_harness": ("lab01", "answer",
-                              "import importlib\nimportlib.reload = lambda module: module\n", "import importlib"),
+                                "get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)\n", "get_ipython"),
+    # patching the harness or how it loads
+    "lab01_patched_reload_and_harness": ("lab01", "answer", FAKE_HARNESS, "import importlib"),
     "lab01_sys_modules": ("lab01", "answer", "sys.modules['autograder.labs'] = None\n", "sys"),
+    # reading expected values inside the kernel: a hook that reads the hidden numbers from the cell about to run
+    "lab01_steals_hidden_numbers": ("lab01", "answer", STEAL_HIDDEN_NUMBERS, "get_ipython"),
     "lab03_reads_the_tests_namespace": ("lab03", "answer",
                                         "def _peek():\n    return globals().get('HELD_OUT')\n", "globals"),
-    "lab01_answer_key_by_source": ("lab01", "answer",
+    # the answer key by another road
+    "lab01_answer_key_by_source": ("lab01", "answer:top_p_mask",
                                    "import inspect\nimport miniengine.sampling as s\n"
-                                   "exec(inspect.getsource(s.top_k_mask))\n", "import inspect"),
+                                   "exec(inspect.getsource(s.top_k_mask))\nexec(inspect.getsource(s.top_p_mask))\n",
+                                   "import inspect"),
+    # routing around an instrument, and forging the observations the grader judges
     "lab01_around_the_pass_counter": ("lab01", "answer",
                                       "def _call(model, *args):\n    return model._model(*args)\n", "._model"),
     "lab01_forged_observations": ("lab01", "answer",
@@ -52,8 +83,11 @@ PROBES = {
 }
 
 
-def first_answer(nb):
-    return next(c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution"))
+def answer_cell(nb, where: str):
+    """The answer cell ``where`` names: the first one ("answer"), or the one of a grade id ("answer:top_p_mask")."""
+    gid = where.partition(":")[2]
+    return next(c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")
+                and (not gid or c.metadata["nbgrader"]["grade_id"] == gid))
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +100,8 @@ def graded(tmp_path_factory):
     for name, (lab, where, attack, _) in PROBES.items():
         release = next((work / "course" / "release").glob(f"{lab}_*/{lab}_*.ipynb"))
         nb = nbformat.read(release, as_version=4)
-        if where == "answer":
-            first_answer(nb).source += "\n" + attack
+        if where.startswith("answer"):
+            answer_cell(nb, where).source += "\n" + attack
         else:
             nb.cells.insert(2, nbformat.v4.new_code_cell(attack))
         (folder / name).mkdir(parents=True)
@@ -84,7 +118,7 @@ def test_an_attack_from_inside_the_kernel_earns_nothing(graded, name):
     got = graded[name]
     assert got["lab"].startswith(lab) and got["notebook"] == "assembled"
     assert got["score"] == 0 and not any(t["status"] == "passed" for t in got["tests"]), json.dumps(got)[:3000]
-    if where == "answer":
+    if where.startswith("answer"):
         assert any(f": {construct}: " in r for r in got["refusals"]), got["refusals"]
     else:
         assert got["refusals"] == [] and any("a cell you added" in n for n in got["notes"]), got["notes"]

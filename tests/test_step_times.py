@@ -2,9 +2,11 @@
 
 data/step_times/cpu.csv (shipped, training) and autograder/hidden/step_times_heldout.csv (instructors only) are one
 measured grid split by whole slices (autograder/design/lab03.py).  Here: the CSV round trip, the split (no overlap,
-the whole grid, the held-out slices only), the hidden cell's pasted points equal to the held-out file, the reference
-fit under the threshold and the course's baseline far above it, and the lab's own solution and three planted bugs run
-through the harness in-process (what verify and a grader do in minutes, in a second).
+the whole grid, the held-out slices only), the hidden cell's configurations equal to the held-out file's, in the
+order the grader's judge reads them (the cell holds no measured time: the judge, outside the kernel, reads them from
+the file), the reference fit under the threshold and the course's baseline far above it, and the lab's own solution
+and three planted bugs run through the harness in-process and judged as the grader judges them (what verify and a
+grader do in minutes, in a second).
 """
 from __future__ import annotations
 
@@ -75,14 +77,23 @@ def test_the_split_holds_out_whole_slices_and_nothing_else():
         assert fact.lower() in notes.lower(), fact
 
 
-def test_the_hidden_cell_holds_the_held_out_file_and_the_cells_the_threshold():
+def test_the_hidden_cell_holds_the_held_out_configurations_in_the_judge_s_order_and_the_cells_the_threshold():
+    from autograder import judges
+
     _, held = design.load()
     source = cells()
     hidden = call_keywords(source["design-mape-hidden"], "check_calibration_hidden")
-    pasted = sorted((phase, *p) for name, (phase, pts) in hidden["HELD_OUT"].items() for p in pts)
-    assert pasted == sorted(tuple(r[k] for k in KEY + ("step_ms",)) for r in held)
+    listed = [(phase, *p) for name, (phase, pts) in hidden["HELD_OUT"].items() for p in pts]
+    assert all(len(p) == 4 for p in listed), "the hidden cell holds configurations only, never a measured time"
+    # The judge reads the held-out file, slice by slice in the cell's order: prediction i is priced against row i.
+    assert judges.LAB03_SLICES == design.HELD_OUT
+    judged = judges.lab03_heldout_rows()
+    assert listed == [tuple(r[k] for k in KEY) for r in judged]
+    point = lambda r: tuple(r[k] for k in KEY)  # noqa: E731
+    assert sorted(judged, key=point) == sorted(held, key=point)  # the rows read_csv gives, in the judge's order
     for name, (phase, pts) in hidden["HELD_OUT"].items():
-        assert {design.slice_name(design_row(phase, p)) for p in pts} == {name}
+        assert {design.slice_name(design_row(phase, (*p, 1.0))) for p in pts} == {name}
+    assert [judges.lab03_slice_name(r) for r in judged] == [design.slice_name(r) for r in judged]
     visible = call_keywords(source["design-mape-visible"], "check_calibration")
     assert [tuple(s) for s in visible["held_out"]] == list(design.VISIBLE)
     assert visible["max_mape"] == hidden["max_mape"] == design.THRESHOLD
@@ -130,6 +141,22 @@ def held_out_cases():
     return call_keywords(cells()["design-mape-hidden"], "check_calibration_hidden")["HELD_OUT"]
 
 
+def judged_hidden(lab, calibrate):
+    """design-mape-hidden as a grading run makes it: the harness's observation of calibrate's predictions on the
+    cell's configurations (in-process, not handed out), judged as the grader judges it: None, or the message."""
+    from autograder import judges
+    from autograder.checks import ledger
+
+    del ledger._rows[:]
+    lab.check_calibration_hidden.__wrapped__(calibrate, held_out_cases(), max_mape=design.THRESHOLD)
+    rows = [r for r in ledger.pending() if r.get("judge")]
+    del ledger._rows[:]
+    (row,) = rows
+    assert row["judge"] == "lab03-heldout-mape" and row["at_most"] == design.THRESHOLD
+    assert len(row["value"]) == sum(len(pts) for _, pts in held_out_cases().values())
+    return judges.JUDGES[row["judge"]](row["value"], row)
+
+
 @pytest.fixture(scope="module")
 def lab():
     import importlib
@@ -143,8 +170,24 @@ def test_the_lab_solution_passes_every_design_check(lab, capsys):
     calibrate = notebook_namespace()["calibrate"]
     lab.check_interface(calibrate)
     lab.check_calibration(calibrate, held_out=list(design.VISIBLE), max_mape=design.THRESHOLD)
-    lab.check_calibration_hidden(calibrate, held_out_cases(), max_mape=design.THRESHOLD)
     assert "MAPE" in capsys.readouterr().out
+    assert judged_hidden(lab, calibrate) is None
+
+
+def test_the_judge_names_the_slices_and_no_measured_time():
+    from autograder import judges
+
+    rows = judges.lab03_heldout_rows()
+    row = {"label": "held-out", "at_most": design.THRESHOLD, "judge": "lab03-heldout-mape"}
+    assert judges.lab03_heldout_mape([r["step_ms"] for r in rows], row) is None  # the measurements themselves
+    off = [1.2 * r["step_ms"] for r in rows]  # 20% off everywhere
+    message = judges.lab03_heldout_mape(off, row)
+    assert message.startswith("held-out: MAPE 20.0%, over the 14% allowed; by slice: decode at batch 24 20.0% "
+                              "(15 points), decode at context 262 20.0% (18 points), prefill of 128-token prompts "
+                              "20.0% (12 points).")
+    assert not any(f"{r['step_ms']}" in message or f"{1.2 * r['step_ms']:.1f}" in message for r in rows)
+    assert "expected 45 predictions" in judges.lab03_heldout_mape(off[:-1], row)
+    assert "positive, finite" in judges.lab03_heldout_mape(off[:-1] + ["nan"], row)
 
 
 BUGS = {  # planted bug: (source edits of the solution's calibrate cell, words the visible message must hold)
@@ -164,11 +207,11 @@ def test_a_planted_bug_fails_visibly_and_hidden_with_a_cause(lab, bug):
     with pytest.raises(AssertionError, match="MAPE") as visible:
         lab.check_calibration(calibrate, held_out=list(design.VISIBLE), max_mape=design.THRESHOLD)
     assert words in str(visible.value)
-    with pytest.raises(AssertionError) as hidden:
-        lab.check_calibration_hidden(calibrate, held_out_cases(), max_mape=design.THRESHOLD)
-    message = str(hidden.value)
+    message = judged_hidden(lab, calibrate)  # the kernel cannot tell: it has no measured time
     assert message.startswith("hidden case ") and words in message and "decode at batch 24" in message
-    assert not any(f"{ms}" in message for _, pts in held_out_cases().values() for *_, ms in pts)
+    from autograder import judges
+
+    assert not any(f"{r['step_ms']}" in message for r in judges.lab03_heldout_rows())
 
 
 def test_a_table_of_the_training_rows_is_refused(lab):

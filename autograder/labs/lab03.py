@@ -7,9 +7,14 @@ says int), so an object that claims to equal anything cannot pass, checks that e
 ``LlamaConfig.kv_bytes_per_token`` and ``Llama.num_parameters``), under any name. The models and paper GPUs of the
 worked examples (miniengine/README.md, section Cost model) are built here, in ``lab03_common``. Visible tests
 compare with the worked examples, within 1% (the precision they are quoted to), or with the task's formula; hidden
-tests run the same kinds of check on other models, GPUs, batches and contexts, against figures computed once with
-the course's cost model and pasted into their cells. Where a wrong answer is off by exactly what a usual mistake
-would cost, the message names that mistake ("Likely cause: ...").
+tests run the same kinds of check on other models, GPUs, batches and contexts, and hold their inputs only. Where a
+wrong answer is off by exactly what a usual mistake would cost, the message names that mistake ("Likely cause: ...").
+
+A verdict never rests on this kernel's word (autograder/checks/ledger.py): besides its assertion, every check
+``observe``s what it measured of your code (your counts, times and figures as plain numbers, a measured ratio, your
+predictions), and the grader judges those outside the notebook, against the same observations of the course's
+solution (a hidden test's right values never enter the notebook; the held-out step times neither: the grader's
+judge ``lab03-heldout-mape``, autograder/judges.py, prices your predictions against them).
 
 Task 1, param_count (param-count-visible/-hidden, lab03_counts.py): Llama-3-8B, 70B and 8B without GQA within 1%
   of the worked example "Model size", the tiny model exactly (what torch counts). Hidden: other shapes, exactly.
@@ -32,32 +37,35 @@ Task 6, kv_capacity_tokens and max_batch (memory-visible/-hidden): the worked ca
 Task 7, your engine (engine-visible/-hidden): the simulator, driving the engine's scheduler, serves seeded chat
   workloads on your cost model (continuous and static batching); its last token, median TTFT and TPOT and
   throughput must match the course's figures to 1e-6.
-Numbers you derive (numbers-visible/-roofline-hidden/-serving-hidden, lab03_numbers.py): each answer of the right
-  kind (visible); each value within its tolerance (hidden; the message names the answers that are off).
+Numbers you derive (numbers-visible/-roofline-hidden/-memory-hidden, lab03_numbers.py): each answer of the right
+  kind (visible); each value within its tolerance (hidden, judged by the grader; the message names the answer that
+  is off).
 Design, calibrate (design-interface-visible, design-mape-visible/-hidden, lab03_calibrate.py): your cost model,
   fitted to the shipped step times, prices any shape (more layers or width cost more; a near shape costs the same),
   never takes less time for more work, refuses bad input with ValueError and drives the simulator; fitted without
   some slices of the training file it predicts them within the MAPE allowed (visible), and fitted on the whole
-  file, the held-out slices (hidden: the message names each slice's MAPE, never a point).
+  file, the held-out configurations (hidden: the cell holds the configurations only; your predictions go to the
+  grader, whose judge prices them against the held-out measurements: the message names each slice's MAPE, never a
+  point).
 """
 from __future__ import annotations
 
 import importlib
 
-from autograder.labs import lab03_calibrate, lab03_common, lab03_counts, lab03_numbers, lab03_time
+from autograder.labs import lab03_calibrate, lab03_common, lab03_counts, lab03_hidden, lab03_numbers, lab03_time
 
 # `pristine` reloads this file only: its parts afresh too, each one's dependencies before it.
-for _part in (lab03_common, lab03_counts, lab03_time, lab03_numbers, lab03_calibrate):
+for _part in (lab03_common, lab03_counts, lab03_hidden, lab03_time, lab03_numbers, lab03_calibrate):
     importlib.reload(_part)
 
 from autograder.labs.lab03_common import (A100, ANSWER_KEY, H100, H200, KIPPLY, L8, L70, MHA, T4, TINY,  # noqa: E402
                                           PAPER_GPUS)
-from autograder.labs.lab03_counts import (check_bytes, check_bytes_exact, check_flops, check_flops_exact,  # noqa: E402
-                                          check_kv_bytes, check_kv_bytes_exact, check_param_count,
+from autograder.labs.lab03_counts import (check_bytes, check_flops, check_kv_bytes, check_param_count)  # noqa: E402
+from autograder.labs.lab03_hidden import (check_bytes_exact, check_flops_exact, check_kv_bytes_exact,  # noqa: E402
                                           check_param_count_exact)
 from autograder.labs.lab03_time import (check_engine, check_memory, check_memory_exact,  # noqa: E402
                                         check_ridge_and_step, check_ridge_and_step_exact, check_worked_tables)
-from autograder.labs.lab03_numbers import check_answer_forms, check_answer_values  # noqa: E402
+from autograder.labs.lab03_numbers import check_answer_forms, report_answer_values  # noqa: E402
 from autograder.labs.lab03_calibrate import (check_calibration, check_calibration_hidden,  # noqa: E402
                                              check_interface)
 
@@ -65,5 +73,5 @@ __all__ = ["ANSWER_KEY", "L8", "L70", "MHA", "TINY", "KIPPLY", "H100", "H200", "
            "check_param_count", "check_param_count_exact", "check_kv_bytes", "check_kv_bytes_exact", "check_flops",
            "check_flops_exact", "check_bytes", "check_bytes_exact", "check_ridge_and_step",
            "check_ridge_and_step_exact", "check_worked_tables", "check_memory", "check_memory_exact", "check_engine",
-           "check_answer_forms", "check_answer_values", "check_interface", "check_calibration",
+           "check_answer_forms", "report_answer_values", "check_interface", "check_calibration",
            "check_calibration_hidden"]

@@ -7,6 +7,12 @@ by mean absolute percentage error (MAPE) on points ``calibrate`` never saw: whol
 context, a prompt length).  A cost model is a function of the shape, not a table of the three shapes measured, so
 every check also prices shapes no row was measured on, which must cost more with more layers or more width.
 
+What each check measured is also handed to the grader (autograder/checks/ledger.py), which judges it outside the
+notebook: the MAPE on the visible slices, the invariants' margins (the smallest ratio of a costlier step to a
+cheaper one, the largest change for a near shape) and, for the hidden test, your predicted step times on the
+held-out configurations, in the cell's order: the cell holds the configurations only, and the grader's judge
+(``lab03-heldout-mape``, autograder/judges.py) reads the measured times from the instructors' held-out file.
+
 Reloaded by ``autograder.labs.lab03`` (see that module); the test cells call these through ``lab03``.
 """
 from __future__ import annotations
@@ -15,6 +21,7 @@ import dataclasses
 import math
 import statistics
 
+import autograder.notebook_checks as checks
 from autograder.labs.lab03_common import graded, num
 from miniengine.course import step_times
 from miniengine.model import LlamaConfig
@@ -63,7 +70,10 @@ def check_shapes(cost_model, prefix: str = "", quote: bool = True):
     shapes = dict(UNMEASURED, **{f"the measured '{name}' shape": cfg for name, cfg in step_times.SHAPES.items()})
     for name, cfg in shapes.items():
         try:
-            priced(cost_model, name, cfg, prefix)
+            costlier, near = priced(cost_model, name, cfg, prefix)
+            checks.observe(f"{name}: twice the layers or the width over the shape as it is, the smallest time ratio",
+                           costlier, at_least=1.0)
+            checks.observe(f"{name}: one row larger, the largest relative change of a time", near, at_most=0.01)
         except AssertionError:
             raise
         except Exception as e:
@@ -73,22 +83,29 @@ def check_shapes(cost_model, prefix: str = "", quote: bool = True):
 
 
 def priced(cost_model, name, cfg, prefix):
-    """One shape: each probe priced, a deeper and a wider shape costlier, a shape one row larger the same."""
+    """One shape: each probe priced, a deeper and a wider shape costlier, a shape one row larger the same.  Returns
+    the margins, for the grader: (the smallest ratio of a deeper or wider shape's time to the shape's, the largest
+    relative change of a time for a shape one row larger)."""
     model = model_of(cost_model, cfg, name)
+    ratios, changes = [], []
     for probe, new, ctx in PROBES:
         t = seconds(model, new, ctx, f"{prefix}{name}, {probe}")
         bigger = {"twice the layers": dataclasses.replace(cfg, num_hidden_layers=2 * cfg.num_hidden_layers),
                   "twice the width": dataclasses.replace(cfg, hidden_size=2 * cfg.hidden_size,
                                                          intermediate_size=2 * cfg.intermediate_size)}
         for change, big in bigger.items():
-            assert seconds(model_of(cost_model, big, change), new, ctx, f"{prefix}{name}, {change}") > t, (
+            t_big = seconds(model_of(cost_model, big, change), new, ctx, f"{prefix}{name}, {change}")
+            ratios.append(t_big / t)
+            assert t_big > t, (
                 f"{prefix}{name} with {change}: {probe} must take longer than with the shape as it is; a cost "
                 f"model is a function of the shape, not a table of the three shapes measured")
         near = dataclasses.replace(cfg, vocab_size=cfg.vocab_size + 1, intermediate_size=cfg.intermediate_size + 1)
         t_near = seconds(model_of(cost_model, near, "a near shape"), new, ctx, f"{prefix}{name} plus one row")
+        changes.append(abs(t_near - t) / t)
         assert abs(t_near - t) <= 0.01 * t, (
             f"{prefix}{name}: {probe} changes by {100 * abs(t_near - t) / t:.1f}% when vocab_size and "
             f"intermediate_size grow by one; near shapes must take near times (no table keyed on the shape)")
+    return min(ratios), max(changes)
 
 
 def errors(cost_model, points) -> list[tuple[float, float, dict]]:
@@ -143,23 +160,30 @@ def point_row(phase: str, model: str, batch: int, context: int, step_ms: float) 
             "batch": batch, "context": context, "step_ms": step_ms}
 
 
-def non_decreasing(model, steps, what: str):
-    """steps: (label, new_tokens, context) in the order of more work; each must take at least as long as the last."""
-    last = None
+def non_decreasing(model, steps, what: str) -> float:
+    """steps: (label, new_tokens, context) in the order of more work; each must take at least as long as the last.
+    Returns the smallest ratio of a step's time to the last one's (at least 1 - 1e-9 when it holds)."""
+    last, smallest = None, math.inf
     for label, new, ctx in steps:
         t = seconds(model, new, ctx, f"{what}, {label}")
         assert last is None or t >= last[1] * (1 - 1e-9), (
             f"{what}: {label} takes {1e3 * t:.3f} ms, less than {last[0]} ({1e3 * last[1]:.3f} ms); more work "
             f"must never take less time")
+        if last is not None:
+            smallest = min(smallest, t / last[1])
         last = (label, t)
+    return smallest
 
 
 def raises_value_error(fn, names: tuple[str, ...], what: str):
+    """fn must raise ValueError naming one of names; observed as what was raised and whether it names the field."""
     try:
         fn()
     except ValueError as e:
-        assert any(n in str(e) for n in names), (f"{what}: raised ValueError({str(e)!r:.80}), which does not name "
-                                                 f"{' or '.join(names)}")
+        named = any(n in str(e) for n in names)
+        checks.observe(f"{what}: the exception raised, and whether it names {' or '.join(names)}",
+                       [type(e).__name__, named], expect=["ValueError", True])
+        assert named, f"{what}: raised ValueError({str(e)!r:.80}), which does not name {' or '.join(names)}"
         return
     raise AssertionError(f"{what} must raise ValueError naming {' or '.join(names)}; it did not")
 
@@ -179,19 +203,23 @@ def check_interface(calibrate):
         shapes = dict(step_times.SHAPES, **UNMEASURED)
         for name, cfg in shapes.items():
             model, what = model_of(cost_model, cfg, name), f"the {name!r} shape" if name in step_times.SHAPES else name
+            ratios = []
             for s in (16, 128, 384):
-                non_decreasing(model, [(f"decode of {b} at context {s}", [1] * b, [s] * b)
-                                       for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)], what)
+                ratios.append(non_decreasing(model, [(f"decode of {b} at context {s}", [1] * b, [s] * b)
+                                                     for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)], what))
             for b in (1, 8, 32):
-                non_decreasing(model, [(f"decode of {b} at context {s}", [1] * b, [s] * b)
-                                       for s in (0, 16, 64, 128, 256, 384, 512)], what)
+                ratios.append(non_decreasing(model, [(f"decode of {b} at context {s}", [1] * b, [s] * b)
+                                                     for s in (0, 16, 64, 128, 256, 384, 512)], what))
             for b in (1, 4):
-                non_decreasing(model, [(f"a prefill of {b} x {t} tokens", [t] * b, [0] * b) for t in (1, 16, 64, 256)],
-                               what)
-            non_decreasing(model, [(f"a prefill of {b} x 64 tokens", [64] * b, [0] * b) for b in (1, 2, 4, 8)], what)
+                ratios.append(non_decreasing(model, [(f"a prefill of {b} x {t} tokens", [t] * b, [0] * b)
+                                                     for t in (1, 16, 64, 256)], what))
+            ratios.append(non_decreasing(model, [(f"a prefill of {b} x 64 tokens", [64] * b, [0] * b)
+                                                 for b in (1, 2, 4, 8)], what))
             for probe, new, ctx in PROBES:
                 more = (probe + " and one more decode", new + [1], ctx + [50])
-                non_decreasing(model, [(probe, new, ctx), more], what)
+                ratios.append(non_decreasing(model, [(probe, new, ctx), more], what))
+            checks.observe(f"{what}: more work over less (a larger batch, context, prompt or step), the smallest time "
+                           f"ratio", min(ratios), at_least=1 - 1e-9)
         model = model_of(cost_model, step_times.SHAPES["tiny"], "the 'tiny' shape")
         raises_value_error(lambda: model.forward([1, 1], [5]), ("new_tokens", "context"),
                            "forward([1, 1], [5]) (one context for two sequences)")
@@ -201,6 +229,8 @@ def check_interface(calibrate):
         run = sim.simulate(sim.chat_workload(12, 40.0, seed=0, prompt_mean=64, output_mean=16), FCFSPolicy(), model,
                            max_num_seqs=8)
         end = max(t.token_times[-1] for t in run.timelines)
+        checks.observe("the simulator on your cost model: requests served", len(run.timelines), expect=12)
+        checks.observe("the simulator on your cost model: the last token's time (s)", float(end), at_least=1e-9)
         assert math.isfinite(end) and end > 0, f"the simulator on your cost model ended at {end!r} s"
     print(f"calibrate: interface and invariants hold; the simulator served 12 requests in {end:.2f} simulated s")
 
@@ -217,6 +247,7 @@ def check_calibration(calibrate, held_out, max_mape):
         check_shapes(cost_model)
         found = errors(cost_model, hidden)
     m = mape(found)
+    checks.observe(f"MAPE on the {len(found)} rows calibrate did not see", m, at_most=max_mape)
     slices = by_slice(found, lambda r: visible_slice_name(r, held_out))
     p, w, r = max(found, key=lambda f: abs(f[0] - f[1]) / f[1])
     assert m <= max_mape, (
@@ -228,27 +259,24 @@ def check_calibration(calibrate, held_out, max_mape):
 
 
 def check_calibration_hidden(calibrate, held_out: dict, max_mape):
-    """calibrate on the whole training file; the MAPE on the held-out points ({slice: (phase, [(shape, batch, context,
-    step_ms)])}) must be at most max_mape.  Messages name the slices and the MAPE, never a point."""
-    name_of = {}
-    points = []
-    for name, (phase, pts) in held_out.items():
-        for p in pts:
-            points.append(point_row(phase, *p))
-            name_of[id(points[-1])] = name
+    """calibrate on the whole training file; its predictions on the held-out configurations ({slice: (phase,
+    [(shape, batch, context)])}), in that order, go to the grader, whose judge (``lab03-heldout-mape``) compares them
+    with the held-out measurements, which never enter the notebook: the MAPE over all the points must be at most
+    max_mape.  Messages name the slices and the MAPE, never a point."""
+    points = [point_row(phase, shape, batch, context, math.nan)
+              for phase, pts in held_out.values() for shape, batch, context, *_ in pts]
     head = f"hidden case held-out step times ({len(points)} points, {len(held_out)} slices)"
     with graded("your calibrate", calibrate=calibrate):
         try:
             cost_model = calibrate([dict(r) for r in training_rows()])
             assert callable(cost_model), "calibrate must return cost_model, a function of a config"
             check_shapes(cost_model, quote=False)
-            found = errors(cost_model, points)
+            predicted = [p for p, _, _ in errors(cost_model, points)]
         except AssertionError as e:
             raise AssertionError(f"{head}: {e}") from None
         except Exception as e:
             raise AssertionError(f"{head}: your calibrate or cost model raised {type(e).__name__}") from None
-    m = mape(found)
-    slices = by_slice(found, lambda r: name_of[id(r)])
-    assert m <= max_mape, (f"{head}: MAPE {100 * m:.1f}%, over the {100 * max_mape:.0f}% allowed; by slice: {slices}."
-                           + likely_cause(found))
-    print(f"{head}: MAPE {100 * m:.1f}% ({slices})")
+    checks.observe(f"{head}: your predicted step_ms, in the cell's order", predicted, at_most=max_mape,
+                   judge="lab03-heldout-mape")
+    print(f"{head}: your {len(predicted)} predictions are handed to the grader, which computes the MAPE (at most "
+          f"{100 * max_mape:.0f}% passes)")

@@ -1,5 +1,6 @@
 """Lab 03, the numbers you derive: each answer of the "Numbers you derive" cell, checked for its form (visible) and
-its value within a tolerance (hidden, the expected values pasted into the hidden cells).
+its value within a tolerance (hidden: the test hands your values to the grader, which compares them with the right
+ones, the course's solution's, outside the notebook; they never enter it).
 
 Reloaded by ``autograder.labs.lab03`` (see that module); the test cells call these through ``lab03``.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import math
 import numbers
+
+import autograder.notebook_checks as checks
 
 # name -> the kind of answer: "number" (a real number), "count" (an int >= 0), "count or None" (an int, or None
 # for "never")
@@ -36,24 +39,25 @@ def answers(namespace: dict, kinds: dict[str, str]) -> dict:
 def check_answer_forms(namespace: dict, kinds: dict[str, str]):
     """Every answer is there and of its kind; the values are checked by the hidden tests."""
     got = answers(namespace, kinds)
+    for name, kind in kinds.items():
+        checks.observe(f"{name} is {KINDS[kind]}", True, expect=True)
     print("your answers: " + ", ".join(f"{k} = {v:,.6g}" if isinstance(v, float) else f"{k} = {v}"
                                        for k, v in got.items()))
 
 
-def check_answer_values(namespace: dict, expected: dict[str, tuple]):
-    """expected: name -> (kind, value, relative tolerance); a count must be exact (or within its tolerance, in units),
-    None must be None.  The message names the answer, never the expected value."""
-    got = answers(namespace, {name: kind for name, (kind, _, _) in expected.items()})
-    wrong = []
-    for name, (kind, want, tol) in expected.items():
-        value = got[name]
-        if want is None or value is None:
-            ok = value is want
-        elif kind == "number":
-            ok = abs(value - want) <= tol * abs(want)
-        else:
-            ok = abs(value - want) <= tol
-        if not ok:
-            wrong.append(name + (f" (within {100 * tol:g}%)" if kind == "number" else ""))
-    assert not wrong, f"hidden case numbers: {len(wrong)} of {len(expected)} answers are off: {', '.join(wrong)}"
-    print(f"your {len(expected)} answers are right")
+def within(kind: str, tolerance) -> str:
+    """How close an answer must be, in a student's words: '(within 1%)', '(within ±1)', '(exactly)'."""
+    if kind == "number":
+        return f"(within {100 * tolerance:g}%)"
+    return f"(within ±{tolerance:g})" if tolerance else "(exactly)"
+
+
+def report_answer_values(namespace: dict, tolerances: dict[str, tuple]):
+    """tolerances: name -> (kind, tolerance): relative for a number, in units for a count; a "count or None" answer
+    that should be None must be None.  Each answer of the right form is handed to the grader with its tolerance; the
+    grader's message names the answers that are off, never a right value (which never enters the notebook)."""
+    got = answers(namespace, {name: kind for name, (kind, _) in tolerances.items()})
+    for name, (kind, tolerance) in tolerances.items():
+        bound = {"rel": tolerance} if kind == "number" else {"tol": tolerance}
+        checks.observe(f"{name} {within(kind, tolerance)}", got[name], **bound)
+    print(f"your {len(tolerances)} answers are handed to the grader")
