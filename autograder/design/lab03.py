@@ -6,8 +6,9 @@ batch 1..32 x context 22..390, prefill batch 1..8 x 16..256 tokens).  Whole slic
 table of the training rows cannot pass (the nearest training row misses the held-out points by about 30%): every
 decode row at batch 24, every decode row at context 262, every prefill of 128-token prompts: 45 points, 15 per
 shape, both phases.  They live in ``autograder/hidden/step_times_heldout.csv`` (never published); the 108 others
-ship as ``data/step_times/cpu.csv``.  The held-out points are pasted into the lab's hidden test cell, as lab 03's
-other hidden figures are (tests/test_step_times.py keeps the two equal).
+ship as ``data/step_times/cpu.csv``.  The lab's hidden test cell holds the held-out configurations only; the
+grader's judge (autograder/judges.py, lab03-heldout-mape) reads their times from that file, outside the sandbox
+(tests/test_step_times.py keeps the cell's configurations equal to the file's).
 
 The threshold (``THRESHOLD``, in the lab's design test cells) comes from the reference fit below, measured here:
 
@@ -229,7 +230,7 @@ def write_split() -> None:
         "prefill of 128-token prompts), which grade Lab 03's calibration."]))
     step_times.write_csv(held, HIDDEN_FILE, "\n".join(keep + [
         "Held-out file (instructors only, never published): decode at batch 24, decode at context 262, prefill "
-        "of 128-token prompts; pasted into Lab 03's design-mape-hidden cell."]))
+        "of 128-token prompts; read by the grader's judge of Lab 03's design-mape-hidden cell."]))
 
 
 if __name__ == "__main__":
