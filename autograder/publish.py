@@ -181,6 +181,14 @@ def _render(src: Path, rel: str, where: colab.Setting) -> str:
     return text
 
 
+def _opened_as(rel: str) -> str:
+    """Where a notebook is opened from: a pristine release's badge and setup cell are those of its copy in labs/."""
+    if rel.startswith("autograder/released/"):
+        name = Path(rel).stem
+        return f"labs/{name}/{name}.ipynb"
+    return rel
+
+
 def publish(out: Path, force: bool = False) -> int:
     out = Path(out).resolve()
     where = colab.setting()
@@ -203,7 +211,7 @@ def publish(out: Path, force: bool = False) -> int:
     # the copy in labs/ is the one students edit.
     released |= {f"autograder/released/{lab.name}.ipynb": lab.release for lab in labs}
     sources = {rel: layout.REPO_ROOT / rel for rel in files} | released
-    notebooks = {rel: _render(src, rel, where) for rel, src in sources.items() if src.suffix == ".ipynb"}
+    notebooks = {rel: _render(src, _opened_as(rel), where) for rel, src in sources.items() if src.suffix == ".ipynb"}
 
     for p in replaced:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
