@@ -10,7 +10,7 @@ import re
 
 # Modules an answer may import whatever the lab's given cells import: Python's own numeric and container tools.
 STANDARD = {"math", "cmath", "numpy", "torch", "collections", "itertools", "functools", "dataclasses", "typing",
-            "heapq", "bisect", "random", "statistics", "fractions", "decimal", "enum", "abc", "copy", "string",
+            "heapq", "bisect", "random", "hashlib", "statistics", "fractions", "decimal", "enum", "abc", "copy", "string",
             "re", "time", "json", "contextlib", "textwrap", "array", "numbers", "pprint"}
 # The interpreter's and the notebook's machinery, threads, processes, code loading, and the grader: never, by any
 # road (an import, a given cell's name, an attribute of another module such as torch.sys).
