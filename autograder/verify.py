@@ -76,7 +76,7 @@ def problems_of(lab: layout.Lab, solution: results.StudentResult, stub: results.
     for t in stub.tests:
         if t.hidden and t.status == results.PASSED:
             found.append(f"hidden test {t.test} passes on the stub")
-    if lab.name not in KERNEL_WORD_PENDING:
+    if lab is not None and lab.name not in KERNEL_WORD_PENDING:
         found += [f"test cell {gid} awards points on the kernel's word: it observes nothing for the grader to judge "
                   f"(autograder/checks/ledger.py)" for gid in kernel_word(lab, solution)]
     return found
