@@ -85,7 +85,7 @@ def problems_of(lab: layout.Lab, solution: results.StudentResult, stub: results.
 # Labs whose harnesses do not yet observe what every test cell measures (issue 30's next step): verify lists their
 # cells that award points on the kernel's word instead of refusing the lab. The answer policy and the assembled
 # notebook hold for them already; a lab leaves this set once `verify` finds no such cell in it.
-KERNEL_WORD_PENDING = {"lab02_kv_cache", "lab04_continuous_batching", "lab05_paged_attention",
+KERNEL_WORD_PENDING = {"lab04_continuous_batching", "lab05_paged_attention",
                        "lab06_speculative_decoding", "lab07_gqa_and_quantization",
                        "lab08_prefix_caching_and_chunked_prefill", "lab09_tensor_parallelism"}
 

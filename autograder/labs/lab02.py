@@ -8,7 +8,8 @@ tokens, they only report yours, and the grader compares them outside your notebo
 
 Task 1, kv_bytes_per_token (kv-bytes-visible, kv-bytes-hidden): the bytes one token adds to the cache, for bare
   configs (only LlamaConfig's shape fields): the tiny target model, Llama-3-8B, and others with grouped-query and
-  multi-query attention, at several bytes per value. A wrong answer gets a guess at the mistake.
+  multi-query attention, at several bytes per value. A wrong answer gets a guess at the mistake. The hidden cell
+  holds its configs only: the grader compares your answers with the right ones outside your notebook.
 Task 2, ContiguousKVCache (cache-visible, cache-hidden): the shapes and dtype of k and v; bytes_used and
   bytes_reserved as properties; each write lands at [layer, start:start+n] and changes nothing else, not even
   length; a write that does not fit raises ValueError before it writes anything.
@@ -23,18 +24,25 @@ Task 4, cached_decode (decode-visible, decode-steps-visible, decode-hidden): one
 Task 5, your engine (engine-visible, engine-hidden): LLM on your ContiguousKVCache and CachedAttention serves every
   golden case, four requests at a time, token for token, feeding Lp + Lo - 1 tokens for each.
 Task 6, the design part, a low-bit KV cache (design-kv-bytes-visible/-hidden, design-kv-ppl-visible/-hidden):
-  bytes: bits=0 and bits=99 rejected with a ValueError naming bits; caches filled through LowBitAttention in ragged
-  passes of random K/V (a prefill joining decodes), each layer's output within 25% of exact attention; a token past
-  max_len rejected; every tensor the cache holds, counted by the tests, at most 0.16x float32 K/V. Perplexity: a
-  text fed through the KV plug in chunks (every next token scored) at most +0.5% over the float32 cache's on the
-  same text through the same path; the attention must read what the cache holds (zeroing it must change the
-  logits). The tiny model's shape and visible text; hidden: other shapes, a hidden text of the same kind.
+  bytes: bits=0 and bits=99 rejected with a ValueError naming bits; caches made with the engine's own LlamaConfig,
+  filled through LowBitAttention in ragged passes of random K/V (a prefill joining decodes), each layer's output
+  within 25% of exact attention; a token past max_len rejected; for the tiny model, the caches that score visible
+  windows through the model as the perplexity test does; everything each cache holds, and everything the caches
+  reach together through their classes and their code's globals, counted by the tests, at most 0.16x float32
+  K/V. Perplexity: a text fed through the KV plug in chunks (every next token scored) at most +0.5% over the
+  float32 cache's on the same text through the same path (measured by the tests where the cell does not give
+  it); the attention must read what the cache holds (zeroing it must change the logits). The tiny model's shape
+  and visible text; hidden: other shapes, a hidden text of the same kind.
 The numbers (numbers-visible, numbers-hidden): each answer of the numbers cell defined and a plain number of the
-  right kind; the values, with their tolerances, only in the hidden cell.
+  right kind; the hidden cell holds only each answer's tolerance: the grader compares the values.
+
+Every check observes what it measured (checks.observe): your outputs, and each design measure with its bound; the
+grader judges them against the answer sheet, outside your notebook's kernel.
 
 Tasks 3-5 live in lab02_backend.py and lab02_decode.py, Task 6 in lab02_lowbit.py (how bytes and perplexity are
-measured) and lab02_ppl.py, and what they all share (the answer key among it) in lab02_common.py: this file reloads
-them, and the test cells call every check from here, as lab.check_...
+measured), lab02_held.py (what a cache holds), lab02_passes.py (one pass, and a text scored) and lab02_ppl.py, and
+what they all share (the answer key among it) in lab02_common.py: this file reloads them, and the test cells call
+every check from here, as lab.check_...
 """
 from __future__ import annotations
 
@@ -47,19 +55,21 @@ from types import SimpleNamespace
 import torch
 
 from autograder import notebook_checks as checks
-from autograder.labs import lab02_backend, lab02_common, lab02_decode, lab02_lowbit, lab02_ppl
+from autograder.labs import (lab02_backend, lab02_common, lab02_decode, lab02_held, lab02_lowbit, lab02_passes,
+                             lab02_ppl)
 
 # pristine reloads only this module: the parts are reloaded here, shared part first, each time this one is.
 lab02_common = importlib.reload(lab02_common)
 lab02_backend, lab02_decode = importlib.reload(lab02_backend), importlib.reload(lab02_decode)
+lab02_held, lab02_passes = importlib.reload(lab02_held), importlib.reload(lab02_passes)
 lab02_lowbit = importlib.reload(lab02_lowbit)
 lab02_ppl = importlib.reload(lab02_ppl)
 from autograder.labs.lab02_backend import check_backend, report_backend  # noqa: E402, F401
 from autograder.labs.lab02_common import ANSWER_KEY, ENGINE_KEY, require_own_class  # noqa: E402, F401
 from autograder.labs.lab02_decode import (check_decode, check_decode_steps, check_engine, report_decode,  # noqa: E402, F401
                                           report_engine)
-from autograder.labs.lab02_lowbit import (BYTES_LIMIT, PPL_LIMIT, check_lowbit_bytes, float32_bytes,  # noqa: E402, F401
-                                          held_bytes)
+from autograder.labs.lab02_lowbit import (BYTES_LIMIT, PPL_LIMIT, check_lowbit_bytes, engine_config,  # noqa: E402, F401
+                                          float32_bytes, held_bytes, reachable_bytes)
 from autograder.labs.lab02_ppl import (check_lowbit_ppl, golden_agreement, measure_lowbit, visible_text,  # noqa: E402, F401
                                        window_nlls)
 
@@ -90,14 +100,17 @@ def kv_hint(got, c, bpv):
 
 
 def check_kv_bytes(kv_bytes_per_token, cases, hidden=False) -> None:
-    """cases: (what the config is, the config, bytes per value, the expected bytes per token)."""
+    """cases: (what the config is, the config, bytes per value, the expected bytes per token); a hidden case is (what,
+    the config, bytes per value) alone: its answer stays with the grader, which compares yours outside the kernel."""
     checks.require_own(kv_bytes_per_token, "kv_bytes_per_token")
     with checks.reference_forbidden("kv_bytes_per_token", forbidden=ANSWER_KEY):
-        for what, c, bpv, want in cases:
-            got = checks.as_count(kv_bytes_per_token(c, bpv), f"kv_bytes_per_token({what}, {bpv})")
-            assert got == want, (f"{'hidden case: ' if hidden else ''}kv_bytes_per_token for {what} at {bpv} bytes per "
-                                 f"value: expected {want:,}{'' if hidden else ' bytes per token'}, got {got:,}"
-                                 f"{kv_hint(got, c, bpv)}")
+        for what, c, bpv, *want in cases:
+            call = f"{'hidden case: ' if hidden else ''}kv_bytes_per_token({what}, {bpv})"
+            got = checks.as_count(kv_bytes_per_token(c, bpv), call)
+            if want:
+                assert got == want[0], (f"kv_bytes_per_token for {what} at {bpv} bytes per value: expected "
+                                        f"{want[0]:,} bytes per token, got {got:,}{kv_hint(got, c, bpv)}")
+            checks.observe(call, got, **({"expect": want[0]} if want else {}))
 
 
 # ---------------------------------------------------------------- Task 2: ContiguousKVCache
@@ -122,6 +135,7 @@ def expect_overflow(cache, layer, start, n, what):
         raise AssertionError(f"{what}: expected ValueError (the positions do not fit), but write() returned")
     assert torch.equal(cache.k, before_k) and torch.equal(cache.v, before_v), (
         f"{what}: raised ValueError, but only after writing part of the data; check before you write")
+    checks.observe(f"{what}: raises ValueError and writes nothing", True, expect=True)
 
 
 def check_write(cache, layer, start, n, what):
@@ -139,6 +153,8 @@ def check_write(cache, layer, start, n, what):
         f"positions {start}..{start + n - 1}")
     assert cache.length == before_len, (
         f"{what}: write() changed cache.length from {before_len} to {cache.length}; only the backend's advance() may")
+    checks.observe(f"{what}: write({layer}, {start}, k, v) of {n} tokens lands there alone, length unchanged", True,
+                   expect=True)
 
 
 def check_cache_on_target(ContiguousKVCache) -> int:
@@ -151,25 +167,34 @@ def check_cache_on_target(ContiguousKVCache) -> int:
         layers, kv_heads, head_dim = c.num_hidden_layers, c.num_key_value_heads, c.head_dim
         per_token = 2 * layers * kv_heads * head_dim * 4
         cache = ContiguousKVCache(c, 10)
+        shape = [layers, 10, kv_heads, head_dim]
         for name in ("k", "v"):
             t = getattr(cache, name)
             assert isinstance(t, torch.Tensor), f"cache.{name} should be a torch.Tensor, got {type(t).__name__}"
-            assert tuple(t.shape) == (layers, 10, kv_heads, head_dim), (
+            assert list(t.shape) == shape, (
                 f"ContiguousKVCache(config, max_len=10).{name} should have shape [layers, max_len, kv_heads, head_dim] = "
-                f"{(layers, 10, kv_heads, head_dim)}, got {tuple(t.shape)}")
+                f"{tuple(shape)}, got {tuple(t.shape)}")
             assert t.dtype == torch.float32, f"the default dtype should be torch.float32, got {t.dtype}"
-        assert checks.as_count(cache.max_len, "cache.max_len") == 10
-        assert checks.as_count(cache.length, "cache.length") == 0, f"a new cache should have length 0, got {cache.length}"
-        assert byte_count(cache, "bytes_used") == 0, f"an empty cache uses 0 bytes, got {cache.bytes_used}"
+        checks.observe("ContiguousKVCache(config, 10): k's and v's shapes and dtypes",
+                       [[list(t.shape), str(t.dtype)] for t in (cache.k, cache.v)], expect=[[shape, "torch.float32"]] * 2)
+        new = [checks.as_count(cache.max_len, "cache.max_len"), checks.as_count(cache.length, "cache.length"),
+               byte_count(cache, "bytes_used")]
+        assert new[0] == 10
+        assert new[1] == 0, f"a new cache should have length 0, got {cache.length}"
+        assert new[2] == 0, f"an empty cache uses 0 bytes, got {cache.bytes_used}"
         got = byte_count(cache, "bytes_reserved")
         assert got == 10 * per_token, (f"bytes_reserved of a float32 cache of 10 positions: expected 10 x {per_token:,} "
                                        f"= {10 * per_token:,} (K and V, all layers), got {got:,}")
+        checks.observe("ContiguousKVCache(config, 10): max_len, length, bytes_used, bytes_reserved", new + [got],
+                       expect=[10, 0, 0, 10 * per_token])
         for layer, start, n in ((2, 0, 3), (2, 3, 1), (layers - 1, 7, 3)):
             check_write(cache, layer, start, n, "a float32 cache of max_len=10")
         cache.length = 4
-        got = byte_count(cache, "bytes_used")
-        assert got == 4 * per_token, f"bytes_used with length=4: expected 4 x {per_token:,} = {4 * per_token:,}, got {got:,}"
-        assert byte_count(cache, "bytes_reserved") == 10 * per_token, "bytes_reserved must not depend on length"
+        got = [byte_count(cache, "bytes_used"), byte_count(cache, "bytes_reserved")]
+        assert got[0] == 4 * per_token, f"bytes_used with length=4: expected 4 x {per_token:,} = {4 * per_token:,}, got {got[0]:,}"
+        assert got[1] == 10 * per_token, "bytes_reserved must not depend on length"
+        checks.observe("ContiguousKVCache(config, 10) at length 4: bytes_used, bytes_reserved", got,
+                       expect=[4 * per_token, 10 * per_token])
         expect_overflow(cache, 0, 8, 3, "write(layer=0, start=8, 3 tokens) into max_len=10 (positions 8, 9, 10)")
         expect_overflow(cache, 0, 10, 1, "write(layer=0, start=10, 1 token) into max_len=10")
         half = ContiguousKVCache(c, 6, dtype=torch.bfloat16)
@@ -177,6 +202,9 @@ def check_cache_on_target(ContiguousKVCache) -> int:
         got = byte_count(half, "bytes_reserved")
         assert got == 6 * per_token // 2, (f"a bf16 cache stores 2 bytes per value: bytes_reserved for 6 positions should be "
                                            f"{6 * per_token // 2:,}, got {got:,}")
+        checks.observe("ContiguousKVCache(config, 6, dtype=torch.bfloat16): k's and v's dtypes, bytes_reserved",
+                       [str(half.k.dtype), str(half.v.dtype), got], expect=["torch.bfloat16", "torch.bfloat16",
+                                                                            6 * per_token // 2])
     return per_token
 
 
@@ -191,16 +219,25 @@ def check_cache(ContiguousKVCache, config, max_len, dtype, bytes_per_value, writ
         assert tuple(cache.k.shape) == tuple(cache.v.shape) == shape and cache.k.dtype == dtype, (
             f"{what}: expected k and v of shape {shape} and dtype {dtype}, got {tuple(cache.k.shape)} {cache.k.dtype}")
         per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * bytes_per_value
-        assert byte_count(cache, "bytes_reserved") == max_len * per_token, f"{what}: bytes_reserved should be {max_len * per_token}"
+        reserved = byte_count(cache, "bytes_reserved")
+        assert reserved == max_len * per_token, (f"{what}: bytes_reserved is wrong (got {reserved})" if hidden else
+                                                 f"{what}: bytes_reserved should be {max_len * per_token}")
+        expect = (lambda value: {}) if hidden else (lambda value: {"expect": value})  # hidden: the sheet's values
+        checks.observe(f"{what}: k's and v's shapes, dtype, bytes_reserved",
+                       [list(cache.k.shape), list(cache.v.shape), str(cache.k.dtype), reserved],
+                       **expect([list(shape), list(shape), str(dtype), max_len * per_token]))
         for layer, start, n in writes:
             check_write(cache, layer, start, n, what)
         for layer, start, n in overflows:
             expect_overflow(cache, layer, start, n, f"{what}: write {f'of {n} tokens ' if n > 1 else ''}at start={start}")
+        used = []
         for length in lengths:
             cache.length = length
-            assert byte_count(cache, "bytes_used") == length * per_token, (  # a hidden message also says what it got
-                f"{what}: bytes_used at length={length} should be {length * per_token}"
-                + (f", got {cache.bytes_used}" if hidden else ""))
+            used.append(byte_count(cache, "bytes_used"))
+            assert used[-1] == length * per_token, (f"{what}: bytes_used at length={length} is wrong (got {used[-1]})"
+                                                    if hidden else f"{what}: bytes_used at length={length} should be "
+                                                    f"{length * per_token}")
+        checks.observe(f"{what}: bytes_used at lengths {list(lengths)}", used, **expect([n * per_token for n in lengths]))
 
 
 # ---------------------------------------------------------------- the numbers
@@ -221,17 +258,19 @@ def check_numbers(ns, kinds) -> None:
         value = as_number(ns[name], name)
         assert kind is float or value.is_integer(), f"{name} counts something: expected a whole number, got {value}"
         assert low <= value <= high, f"{name} = {value:g} is not a sensible answer (it should lie in [{low:g}, {high:g}])"
+        checks.observe(f"{name} is a plain {kind.__name__} in [{low:g}, {high:g}]", True, expect=True)
 
 
-def check_numbers_hidden(ns, expected) -> None:
-    """expected: {name: (the answer, relative tolerance)}. The message names the answers that are off, not the values."""
-    wrong = []
-    for name, (want, tolerance) in expected.items():
+def report_numbers(ns, tolerances) -> None:
+    """Hidden: each answer's value, {name: relative tolerance} (0: a count, exact). The grader compares it with the
+    right value, which never enters the notebook; the message names the answers that are not numbers."""
+    values, wrong = {}, []
+    for name in tolerances:
         try:
-            value = as_number(ns.get(name), name)
+            values[name] = as_number(ns.get(name), name)
         except AssertionError:
             wrong.append(f"{name} (not a number)")
-            continue
-        if abs(value - want) > tolerance * abs(want):
-            wrong.append(name + (" (a count: it must be exact)" if tolerance == 0 else f" (not within {tolerance:.1%})"))
-    assert not wrong, f"hidden case the numbers: {len(wrong)} of {len(expected)} answers are off: {', '.join(wrong)}"
+    assert not wrong, f"hidden case the numbers: {len(wrong)} of {len(tolerances)} answers are off: {', '.join(wrong)}"
+    for name, tolerance in tolerances.items():
+        checks.observe(f"{name} ({'exact' if tolerance == 0 else f'within {100 * tolerance:g}%'})", values[name],
+                       rel=tolerance)

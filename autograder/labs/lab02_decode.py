@@ -49,6 +49,7 @@ def check_processed(processed, lp, n, what) -> None:
     processed = checks.as_count(processed, f"{what}: tokens_processed")
     assert processed == lp + n - 1, (f"{what}: tokens_processed should be Lp + Lo - 1 = {lp} + {n} - 1 "
                                      f"= {lp + n - 1}, got {processed}")
+    checks.observe(f"{what}: tokens_processed", processed, expect=lp + n - 1)
 
 
 def check_golden_run(cached_decode, model_, case, eos, tok, what):
@@ -61,11 +62,14 @@ def check_golden_run(cached_decode, model_, case, eos, tok, what):
                          f"({len(got)} tokens generated, {len(want)} expected)"
                          + ("" if p["temperature"] == 0 else
                             "; if greedy runs pass, check sample_token's position: cache.length after advance()"))
+    checks.observe(f"{what}: token_ids", got, expect=want)
     rows = logit_rows(out[2], len(got), model_.config.vocab_size, what)
     for t, (row, token, expected) in enumerate(zip(rows, want, case["chosen_logits"])):
         assert abs(float(row[token]) - expected) <= 1e-4, (
             f"{what}, step {t}: the logit of the chosen token {checks.show(tok, token)} is {float(row[token]):.6f}, "
             f"expected {expected:.6f} (tolerance 1e-4)")
+    checks.observe(f"{what}: the chosen tokens' logits", [float(row[token]) for row, token in zip(rows, want)],
+                   expect=case["chosen_logits"], tol=1e-4)
     check_processed(out[1], len(case["prompt_token_ids"]), len(want), what)
     return got
 
@@ -86,6 +90,7 @@ def check_own_run(cached_decode, model_, case, eos, what):
             f"{what}, step {t}: your token is not the one sample_token picks from your own logits[{t}] at position "
             f"Lp + {t} = {lp + t}: each step's token comes from that step's logits, sampled at its absolute position "
             f"(cache.length after advance())")
+    checks.observe(f"{what}: each token is sample_token's pick from your own logits of its step", True, expect=True)
     check_processed(out[1], lp, len(got), what)
     return got, [float(row[token]) for row, token in zip(rows, got)]
 
@@ -106,6 +111,8 @@ def check_one_token_per_step(calls, prompt, tokens, what):
         assert call["positions"] == [lp + t - 1], (
             f"{what}, step {t}: the token chosen at step {t - 1} sits at position {lp + t - 1}, got positions {call['positions']}")
         assert call["backend"] != "NoCacheBackend", f"{what}, step {t}: use your CachedAttention, not NoCacheBackend"
+    checks.observe(f"{what}: the positions each model call fed", [call["positions"] for call in calls],
+                   expect=[list(range(lp))] + [[lp + t - 1] for t in range(1, len(tokens))])
 
 
 def check_decode(cached_decode, ns) -> list[str]:
@@ -138,11 +145,15 @@ def check_decode_steps(cached_decode, ns, at, max_tokens) -> None:
         got = checks.as_tokens(out[0], f"{case['name']} with eos_token_id={fake_eos}: token_ids")
         assert got == want[:stop + 1], (f"{case['name']} with eos_token_id={fake_eos}: expected {stop + 1} tokens ending "
                                         f"with the end-of-text token, got {len(got)}: {got}")
-        assert checks.as_count(out[1], "tokens_processed") == len(prompt) + stop, (
+        processed = checks.as_count(out[1], "tokens_processed")
+        assert processed == len(prompt) + stop, (
             f"{case['name']} with eos_token_id={fake_eos}: tokens_processed should be {len(prompt) + stop}, got {out[1]}")
+        checks.observe(f"{case['name']}, token {at} as end-of-text: token_ids, tokens_processed", [got, processed],
+                       expect=[want[:stop + 1], len(prompt) + stop])
         params = SamplingParams(**dict(case["params"], max_tokens=max_tokens))
         got = checks.as_tokens(cached_decode(model32, prompt, params, golden["eos_token_id"])[0], "token_ids")
         assert got == want[:max_tokens], f"{case['name']} with max_tokens={max_tokens}: expected {want[:max_tokens]}, got {got}"
+        checks.observe(f"{case['name']} with max_tokens={max_tokens}: token_ids", got, expect=want[:max_tokens])
 
 
 def report_decode(cached_decode, report, ns) -> None:
@@ -183,6 +194,9 @@ def check_engine(ContiguousKVCache, CachedAttention) -> int:
             lp = len(case["prompt_token_ids"])
             assert out.tokens_processed == lp + len(want) - 1, (
                 f"your engine, {case['name']}: fed {out.tokens_processed} tokens, expected Lp + Lo - 1 = {lp + len(want) - 1}")
+            checks.observe(f"your engine, {case['name']}: token_ids, tokens fed",
+                           [got, checks.as_count(out.tokens_processed, "tokens_processed")],
+                           expect=[want, lp + len(want) - 1])
     return len(cases)
 
 
@@ -200,4 +214,6 @@ def report_engine(ContiguousKVCache, CachedAttention, report) -> None:
             assert out.tokens_processed == lp + len(got) - 1, (
                 f"your engine, hidden case {case['name']}: fed {out.tokens_processed} tokens for {len(got)} generated, "
                 f"expected Lp + Lo - 1 = {lp + len(got) - 1}")
+            checks.observe(f"your engine, hidden case {case['name']}: tokens fed - tokens generated",
+                           checks.as_count(out.tokens_processed, "tokens_processed") - len(got), expect=lp - 1)
             report.add("golden", case, "token_ids", got)
