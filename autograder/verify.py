@@ -76,18 +76,10 @@ def problems_of(lab: layout.Lab, solution: results.StudentResult, stub: results.
     for t in stub.tests:
         if t.hidden and t.status == results.PASSED:
             found.append(f"hidden test {t.test} passes on the stub")
-    if lab is not None and lab.name not in KERNEL_WORD_PENDING:
+    if lab is not None:
         found += [f"test cell {gid} awards points on the kernel's word: it observes nothing for the grader to judge "
                   f"(autograder/checks/ledger.py)" for gid in kernel_word(lab, solution)]
     return found
-
-
-# Labs whose harnesses do not yet observe what every test cell measures (issue 30's next step): verify lists their
-# cells that award points on the kernel's word instead of refusing the lab. The answer policy and the assembled
-# notebook hold for them already; a lab leaves this set once `verify` finds no such cell in it.
-KERNEL_WORD_PENDING = {"lab04_continuous_batching", "lab05_paged_attention",
-                       "lab06_speculative_decoding", "lab07_gqa_and_quantization",
-                       "lab08_prefix_caching_and_chunked_prefill", "lab09_tensor_parallelism"}
 
 
 def kernel_word(lab: layout.Lab, solution: results.StudentResult) -> list[str]:
@@ -144,11 +136,6 @@ def verify(names=None, workers: int = 2, timeout: int = 60) -> int:
             summary += (f", design {design_points:g} points, baseline ({module.BASELINE_NAME}) "
                         f"{sum(t.points for t in design_tests):g}/{sum(t.max_points for t in design_tests):g} of them, "
                         f"failing {', '.join(module.MUST_FAIL)}")
-        pending = kernel_word(lab, solution) if lab.name in KERNEL_WORD_PENDING else []
-        if pending:
-            summary += (f"; still on the kernel's word (pending): {len(pending)} of {len(solution.tests)} test cells")
-        elif lab.name in KERNEL_WORD_PENDING:
-            found.append("every test cell now observes what it measures: take the lab out of KERNEL_WORD_PENDING")
         if found:
             status = 1
             print(f"{summary}: NOT SOUND")

@@ -90,11 +90,19 @@ def answer_cell(nb, where: str):
                 and (not gid or c.metadata["nbgrader"]["grade_id"] == gid))
 
 
+# The five lines in a cell of their own, graded as submitted (`grade --as-submitted`, where they do run and make every
+# later test cell do nothing): each of these labs must still give 0, because a cell that hands the grader no
+# observations fails outside the kernel. Before the harnesses observed, the same cell scored 21/25, 21/25, 20/24,
+# 19/21, 12/16 and 13/16 on labs 04-09's stubs.
+AS_SUBMITTED = ("lab04", "lab05", "lab06", "lab07", "lab08", "lab09")
+LABS = ("lab01", "lab02", "lab03") + AS_SUBMITTED
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     work = tmp_path_factory.mktemp("probes")
     env = isolated_env(work)
-    r = run_cli("release", "lab01", "lab02", "lab03", env=env, cwd=work, timeout=300)
+    r = run_cli("release", *LABS, env=env, cwd=work, timeout=600)
     assert r.returncode == 0, explain(r)
     folder = work / "submissions"
     for name, (lab, where, attack, _) in PROBES.items():
@@ -109,7 +117,18 @@ def graded(tmp_path_factory):
     r = run_cli("grade", folder, "--workers", 2, "--timeout", 20, "--out", work / "grades", env=env, cwd=work,
                 timeout=900)
     assert r.returncode == 0, explain(r)
-    return {s["student"]: s for s in json.loads((work / "grades" / "grades.json").read_text())["students"]}
+    raw = work / "as-submitted"
+    for lab in AS_SUBMITTED:
+        release = next((work / "course" / "release").glob(f"{lab}_*/{lab}_*.ipynb"))
+        nb = nbformat.read(release, as_version=4)
+        nb.cells.insert(2, nbformat.v4.new_code_cell(FIVE_LINES))
+        (raw / f"{lab}_transformer_as_submitted").mkdir(parents=True)
+        nbformat.write(nb, raw / f"{lab}_transformer_as_submitted" / release.name)
+    r = run_cli("grade", raw, "--as-submitted", "--workers", 2, "--timeout", 20, "--out", work / "raw-grades",
+                env=env, cwd=work, timeout=900)
+    assert r.returncode == 0, explain(r)
+    return {s["student"]: s for grades in ("grades", "raw-grades")
+            for s in json.loads((work / grades / "grades.json").read_text())["students"]}
 
 
 @pytest.mark.parametrize("name", sorted(PROBES))
@@ -122,3 +141,10 @@ def test_an_attack_from_inside_the_kernel_earns_nothing(graded, name):
         assert any(f": {construct}: " in r for r in got["refusals"]), got["refusals"]
     else:
         assert got["refusals"] == [] and any("a cell you added" in n for n in got["notes"]), got["notes"]
+
+
+@pytest.mark.parametrize("lab", AS_SUBMITTED)
+def test_the_five_lines_run_as_submitted_earn_nothing(graded, lab):
+    got = graded[f"{lab}_transformer_as_submitted"]
+    assert got["lab"].startswith(lab) and got["notebook"] == "as submitted"
+    assert got["score"] == 0 and not any(t["status"] == "passed" for t in got["tests"]), json.dumps(got)[:3000]

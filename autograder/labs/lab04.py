@@ -7,8 +7,10 @@ the course's policies (``ANSWER_KEY``: ``miniengine.engine.policy``'s ``fits``, 
 ``admit``'s answer is read as the positions in the queue of the sequences it returned (by identity: returning
 anything else, or a sequence twice, fails). Where a policy calls ``fits`` by name, the course's ``fits`` is lent in
 its place while the test runs (``checks.course_parts_under``), so that a mistake in ``fits`` costs only Task 1.
-Hidden tests run the same checks on the cases of their own cells; where they need the reference's tokens, they
-only report yours, and the grader compares them outside your notebook.
+Every check also observes what it found (checks.observe: your answers, tokens and figures as plain values), and the
+grader compares that with the answer sheet outside your notebook. Hidden cells hold their cases' inputs only: the
+right answers stay with the grader (the course's solution's, on the same inputs); where they need the reference's
+tokens, they only report yours, and the grader compares them with the hidden golden files.
 
 Task 1, fits (fits-visible/-hidden, lab04_admit.py): a seat left, the prompt within the tokens left (the boundary
   included), KV memory for it, asked of can_allocate with the sequence itself.
@@ -23,7 +25,7 @@ Task 3, ContinuousBatching on the engine (replay-visible/-hidden, lab04_engine.p
   (hidden: the two runs must agree, and the grader compares the burst's tokens).
 Task 4, ContinuousBatching on the simulator (sim-visible/-hidden): Llama-3-8B on a paper GPU serves a seeded burst
   of chat requests; the serving report (goodput, SLO attainment, throughput, TTFT P99, TPOT P50) must match the
-  course's figures, pasted in the cell, to 1e-6.
+  course's figures to 1e-6 (visible: pasted in the cell; hidden: held by the grader).
 Task 5, StaticBatching.admit (static-visible/-hidden, lab04_admit.py): nobody while a batch runs; a full batch, or
   a partial one once its oldest request has waited timeout_s; within the seats and tokens, in order; the admitted
   batch kept in self.batch.

@@ -4,7 +4,10 @@ Every test runs with this lab's answer key forbidden (``ANSWER_KEY``: the course
 its ``BlockManager``, and its ``gather_history``): a call into it, under any name, fails the test, and so does a
 method your class inherits from the course's. Your ``BlockManager`` (a class of the notebook, each of its seven
 methods its own) and your ``gather_history`` are passed in by the cells. Hidden tests run the same checks on the
-cases of their own cells (other pools, block sizes, random seeds and prompts).
+cases of their own cells (other pools, block sizes, random seeds and prompts). Every check also observes what it
+found (checks.observe): each operation's outcome, the slot each gathered key came from, the tokens, and what it
+measured on the course's engine (preemptions, copies, sequences running together); the grader compares them with the
+answer sheet (the course's solution's observations) outside your notebook.
 
 Task 1, ``BlockManager`` (lab05_tracker.py). Your manager is driven the way the scheduler drives it: can_allocate
 then allocate; a decode step (num_tokens + 1), can_append then append_slot, or a preemption (free) when can_append
@@ -65,10 +68,14 @@ __all__ = ["ANSWER_KEY", "VISIBLE_GOLDEN", "check_scripts", "check_random", "che
 
 def check_gather(gather_history, cases, label):
     """Each case: random K values in a pool, block tables, num_keys; the result must follow the formula
-    result[b, j] = cache[block_tables[b, j // block_size], j % block_size]. Returns how many cases passed."""
+    result[b, j] = cache[block_tables[b, j // block_size], j % block_size]. Observed for the grader: the cache left
+    unchanged, the result's shape and dtype, and the slot of the cache each key came from (a hidden case, label
+    "hidden ...", without the expected ones: the grader holds them). Returns how many cases passed."""
     checks.require_own(gather_history, "gather_history")
+    hidden = label.startswith("hidden")
     with checks.reference_forbidden("gather_history", forbidden=ANSWER_KEY):
         for what, num_blocks, block_size, heads, dim, tables, num_keys, dtype, seed in cases:
+            name = f"{label}{what}"  # the observations' labels; the messages say the whole case
             what = (f"{label}{what} (cache [{num_blocks}, {block_size}, {heads}, {dim}] {str(dtype)[6:]}, "
                     f"block_tables {tables}, num_keys={num_keys})")
             g = torch.Generator().manual_seed(seed)
@@ -79,17 +86,38 @@ def check_gather(gather_history, cases, label):
             except Exception as e:
                 raise AssertionError(f"{what}: gather_history raised {type(e).__name__}: {e}") from e
             assert isinstance(got, torch.Tensor), f"{what}: expected a tensor, got {type(got).__name__}"
-            assert torch.equal(cache, before), f"{what}: gather_history changed the cache; it must only read it"
+            unchanged = torch.equal(cache, before)
+            checks.observe(f"{name}: the cache unchanged", unchanged, expect=True)
+            assert unchanged, f"{what}: gather_history changed the cache; it must only read it"
             shape = tuple(int(s) for s in got.shape)
             want_shape = (len(tables), num_keys, heads, dim)
-            assert shape == want_shape, f"{what}: expected shape {want_shape} = [B, num_keys, kv_heads, head_dim], got {shape}"
+            checks.observe(f"{name}: shape", list(shape), **({} if hidden else {"expect": list(want_shape)}))
+            assert hidden or shape == want_shape, (f"{what}: expected shape {want_shape} = [B, num_keys, kv_heads, "
+                                                   f"head_dim], got {shape}")
+            assert shape == want_shape, f"{what}: got shape {shape}, which is not [B, num_keys, kv_heads, head_dim]"
+            checks.observe(f"{name}: dtype", str(got.dtype), expect=str(dtype))  # the cache's, an input
             assert got.dtype == dtype, f"{what}: expected the cache's dtype {dtype}, got {got.dtype}"
-            wrong_key(got.detach().cpu().numpy(), cache.numpy(), tables, num_keys, block_size, what)
+            got, pool = got.detach().cpu().numpy(), cache.numpy()
+            checks.observe(f"{name}: the slot each key came from", slots(got, pool),
+                           **({} if hidden else {"expect": formula_slots(tables, num_keys, block_size)}))
+            wrong_key(got, pool, tables, num_keys, block_size, what, hidden)
     return len(cases)
 
 
-def wrong_key(got, pool, tables, num_keys, block_size, what):
-    """Every key by the formula; the first wrong one names the slot it came from, if it came from one."""
+def slots(got, pool):
+    """[b][j]: the [block, offset] of the cache slot key j of sequence b holds, or None when it is in no slot."""
+    where = {pool[x, y].tobytes(): [x, y] for x in range(pool.shape[0]) for y in range(pool.shape[1])}
+    return [[where.get(row.astype(pool.dtype).tobytes()) for row in seq] for seq in got]
+
+
+def formula_slots(tables, num_keys, block_size):
+    """[b][j]: the slot the formula names, [block_tables[b][j // block_size], j % block_size]."""
+    return [[[table[j // block_size], j % block_size] for j in range(num_keys)] for table in tables]
+
+
+def wrong_key(got, pool, tables, num_keys, block_size, what, hidden=False):
+    """Every key by the formula; the first wrong one names the slot it came from, if it came from one (and, in a
+    visible case, the slot it should come from)."""
     num_blocks = pool.shape[0]
     for b, table in enumerate(tables):
         for j in range(num_keys):
@@ -99,6 +127,9 @@ def wrong_key(got, pool, tables, num_keys, block_size, what):
             found = [(int(x), int(y)) for x in range(num_blocks) for y in range(block_size)
                      if np.array_equal(got[b, j], pool[x, y])]
             holds = (f"cache[{found[0][0]}, {found[0][1]}]" if found else "values that are in no slot of the cache")
+            if hidden:
+                raise AssertionError(f"{what}: key {j} of sequence {b} holds {holds}, not the slot the formula "
+                                     f"result[b, j] = cache[block_tables[b, j // block_size], j % block_size] names")
             raise AssertionError(
                 f"{what}: key {j} of sequence {b} should be cache[{block}, {offset}] (its table's block "
                 f"{j // block_size} is {block}, offset {j} % {block_size} = {offset}), but it holds {holds}")
@@ -119,6 +150,8 @@ def check_pressure(BlockManager, gather_history, cases, block_size, max_num_seqs
                                    report)
     if report is not None:
         report_tokens(report, cases, seqs, label)
+    # Counted by the course's scheduler, whenever can_append said no and it freed a sequence to recompute it later.
+    checks.observe(f"{label}: preemptions", int(sched.num_preemptions), at_least=1)
     assert sched.num_preemptions > 0, (
         f"{label}: nothing was preempted, although the pool holds a quarter of what the requests would reserve: "
         f"can_append must say False when the next position needs a block and none is free")

@@ -2,7 +2,10 @@
 
 ``serve`` runs ``LLM`` on a ``PagedKV`` with your ``BlockManager`` and a gather, with your manager checked after
 every step (``Watch``). Visible tests compare the tokens with the golden file's here; hidden tests hand them to
-the grader (``report``), which compares them outside the kernel. Reloaded by ``autograder.labs.lab05``.
+the grader (``report``), which compares them outside the kernel. Every check also observes what it found for the
+grader (checks.observe): the visible tokens, the properties it verified, and the quantities it measured on the
+course's engine (preemptions, copies made, sequences running together) with their bounds. Reloaded by
+``autograder.labs.lab05``.
 """
 from __future__ import annotations
 
@@ -125,10 +128,14 @@ def serve(BlockManager, gather, cases, num_blocks, block_size, max_num_seqs, lab
     seqs = [llm.engine.add_request(c["prompt_token_ids"], SamplingParams(**c["params"])) for c in cases]
     while llm.engine.has_unfinished_requests():
         step(llm.engine, watch)
+    checks.observe(f"{label}: the block tables held after every step", True, expect=True)
     if report is None:
         for case, seq in zip(cases, seqs):
+            checks.observe(f"{label}, {case['name']}: tokens", checks.as_tokens(seq.output_token_ids, case["name"]),
+                           expect=case["token_ids"])
             compare_tokens(seq.output_token_ids, case["token_ids"], f"{label}, {case['name']} ({case['params']})", seq)
     all_free(llm.engine.kv, label)
+    checks.observe(f"{label}: every block free at the end", True, expect=True)
     return llm.engine.scheduler, watch, seqs
 
 
@@ -168,6 +175,7 @@ def check_fork(BlockManager, gather, case, block_size, num_blocks, label, report
     assert len(free) == num_blocks - len(shared), (
         f"{label}: the {n} completions should hold the prompt's {len(shared)} blocks once (shared), but "
         f"{num_blocks - len(free)} blocks are in use")
+    checks.observe(f"{label}: after the prefill, the completions share the prompt's blocks", True, expect=True)
 
     def blocks(pool):  # [layers, num_blocks, block_size, kv_heads, head_dim]
         return pool.view(pool.shape[0], num_blocks, block_size, *pool.shape[2:])
@@ -188,6 +196,7 @@ def check_fork(BlockManager, gather, case, block_size, num_blocks, label, report
                 f"{layer}), which the parent still reads. Position {Lp} lies in block {shared[j]}, shared by all "
                 f"{n} completions: append_slot must give the writer a private copy (copy-on-write) and return "
                 f"(src, dst), so that PagedKV copies the K/V before the step writes")
+    checks.observe(f"{label}: the parent's table and K/V unchanged by the child's decode", True, expect=True)
     i, used = Lp // block_size, Lp % block_size
     mine = tables[child.seq_id]
     assert mine[:i] == shared[:i] and mine[i] not in shared, (
@@ -198,16 +207,23 @@ def check_fork(BlockManager, gather, case, block_size, num_blocks, label, report
             f"{where}: the child's copy, block {mine[i]}, does not hold the {name_} of the positions block {shared[i]} "
             f"held: append_slot must return (src, dst) = ({shared[i]}, {mine[i]}), the shared block first, so that "
             f"PagedKV copies it into the new one")
+    checks.observe(f"{label}: the child's private copy holds the prompt's K/V", True, expect=True)
     while engine.has_unfinished_requests():
         step(engine, watch)
+    checks.observe(f"{label}: the block tables held after every step", True, expect=True)
     if report is None:
         for s in seqs:
-            compare_tokens(s.output_token_ids, case["completions"][s.child_index]["token_ids"],
-                           f"{label}, completion {s.child_index}", s)
+            want = case["completions"][s.child_index]["token_ids"]
+            checks.observe(f"{label}, completion {s.child_index}: tokens",
+                           checks.as_tokens(s.output_token_ids, f"completion {s.child_index}"), expect=want)
+            compare_tokens(s.output_token_ids, want, f"{label}, completion {s.child_index}", s)
     else:
         report.add("golden", case, "completions", [s.output_token_ids for s in sorted(seqs, key=lambda s: s.child_index)],
                    section="fork_cases")
     all_free(kv, label)
+    checks.observe(f"{label}: every block free at the end", True, expect=True)
+    # Counted by the course's PagedKV each time it copies a block's K/V (a pair append_slot returned).
+    checks.observe(f"{label}: copies-on-write made", int(kv.copies), at_least=1)
     return kv.copies
 
 
@@ -221,6 +237,8 @@ def check_more_than_contiguous(BlockManager, gather, cases, kv_tokens, block_siz
                                report)
     if report is not None:
         report_tokens(report, cases, seqs, label)
+    # Measured on the course's scheduler: the sequences of the largest step (Watch), beyond contiguous reservation's.
+    checks.observe(f"{label}: the most sequences running together", watch.max_running, at_least=bound + 1)
     assert watch.max_running > bound, (
         f"{label}: at most {watch.max_running} sequences ran together, but contiguous reservation already fits "
         f"{bound} (each reserves prompt + max_tokens): paged memory takes a block only when a position needs one")

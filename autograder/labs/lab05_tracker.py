@@ -2,7 +2,10 @@
 
 ``Tracker`` drives your manager the way the scheduler does (can_allocate then allocate, can_append then
 append_slot or a preemption, fork, free) and holds it, after every operation, to the pool's invariants
-(lab05_common.check_pool) and to what that operation must have done. Reloaded by ``autograder.labs.lab05``.
+(lab05_common.check_pool) and to what that operation must have done. It also keeps each operation's outcome in
+plain values that do not depend on which free block a manager picks (``Tracker.trace``: the answer, the free blocks
+left, each table's length and shared blocks), which the checks observe for the grader (checks.observe): the grader
+compares them with the course's solution's, outside the kernel. Reloaded by ``autograder.labs.lab05``.
 """
 from __future__ import annotations
 
@@ -34,13 +37,16 @@ class Tracker:
 
     def __init__(self, BlockManager, num_blocks, block_size, label):
         self.num_blocks, self.block_size, self.label = num_blocks, block_size, label
-        self.seqs, self.history, self.next_id = {}, [], 0
+        self.seqs, self.history, self.next_id, self.trace = {}, [], 0, []
         self.copies = self.preemptions = self.depth = 0
         self.bm = BlockManager(num_blocks, block_size)
         self.check()
 
     def where(self):
         return self.label
+
+    def verdict(self, got, want):  # a hidden case's message says what the answer was, never what it should be
+        return f"answered {got}, which is wrong" if self.label.startswith("hidden") else f"should be {want}"
 
     @contextlib.contextmanager
     def replay(self):
@@ -88,6 +94,13 @@ class Tracker:
         assert n_free == len(free), f"{where}: num_free_blocks is {n_free}, but the free list holds {len(free)} blocks"
         return free, refs, tables
 
+    def record(self, op, answer=None):
+        """The operation's outcome, once it passed its checks: [op, answer, free blocks, [[seq, table length,
+        shared blocks in it], ...]], the same for every correct manager whichever free blocks it picks."""
+        free, refs, tables = self.state()
+        self.trace.append([op, answer, len(free),
+                           [[sid, len(t), sum(refs[b] > 1 for b in t)] for sid, t in sorted(tables.items())]])
+
     def unchanged(self, before, after, *mine):
         """An operation on one sequence changes no other sequence's table."""
         for sid, table in before.items():
@@ -105,9 +118,10 @@ class Tracker:
         self.history.append(f"can_allocate(seq {seq.seq_id} with {num_tokens} positions)")
         got = as_bool(self.call("can_allocate", seq), f"{self.where()}: can_allocate")
         want = need <= len(free)
-        assert got == want, (f"{self.where()}: can_allocate should be {want}: {num_tokens} positions need "
+        assert got == want, (f"{self.where()}: can_allocate {self.verdict(got, want)}: {num_tokens} positions need "
                              f"{need} block(s) of {self.block_size}, and {len(free)} are free")
         if not got:
+            self.record(f"allocate {num_tokens}", False)
             return None
         self.history[-1] = f"allocate(seq {seq.seq_id} with {num_tokens} positions)"
         self.seqs[seq.seq_id] = seq
@@ -116,6 +130,7 @@ class Tracker:
         taken = [b for b in tables2[seq.seq_id] if b not in free]
         assert not taken, f"{self.where()}: allocate gave sequence {seq.seq_id} block(s) {taken}, which were not free"
         self.unchanged(tables, tables2, seq.seq_id)
+        self.record(f"allocate {num_tokens}", True)
         return seq.seq_id
 
     def append(self, sid, times=1):
@@ -144,10 +159,12 @@ class Tracker:
             why = f"position {p} lies in block {table[i]}, which it holds alone, with room left"
         self.history.append(f"can_append(seq {sid}, now {seq.num_tokens} positions)")
         got = as_bool(self.call("can_append", seq), f"{self.where()}: can_append")
-        assert got == want, f"{self.where()}: can_append should be {want}: {why}, and {len(free)} block(s) are free"
+        assert got == want, (f"{self.where()}: can_append {self.verdict(got, want)}: {why}, and {len(free)} block(s) "
+                             f"are free")
         if not got:
             self.preemptions += 1
             self.free(sid, preempted=True)
+            self.record(f"append {sid}", "preempted")
             return
         self.history[-1] = f"append_slot(seq {sid}, now {seq.num_tokens} positions)"
         ret = self.call("append_slot", seq)
@@ -181,6 +198,7 @@ class Tracker:
         assert refs2[last] == 1, (f"{where}: after append_slot, position {p} lies in block {last}, which "
                                   f"{refs2[last]} tables hold: the sequence about to write it must hold it alone")
         self.unchanged(tables, tables2, sid)
+        self.record(f"append {sid}", "new block" if grow else "copy" if shared else "in place")
 
     @replayed
     def fork(self, sid):
@@ -202,6 +220,7 @@ class Tracker:
         assert self.bm.block_tables[child.seq_id] is not self.bm.block_tables[sid], (
             f"{where}: the child's table is the parent's list object itself: give the child a list of its own "
             f"(list(table)), or a block appended to one of them lands in both tables")
+        self.record(f"fork {sid}")
         return child.seq_id
 
     @replayed
@@ -220,18 +239,24 @@ class Tracker:
             f"{where}: freeing sequence {sid} should add exactly the {len(alone)} block(s) it held alone {alone} to "
             f"the free list, which went from {len(free)} to {len(free2)} blocks")
         self.unchanged(tables, tables2, sid)
+        self.record(f"free {sid}")
 
 
 def check_scripts(BlockManager, scripts, label):
     """Each script, (what, num_blocks, block_size, ops), on a fresh manager; ops are ("allocate", num_tokens),
     ("append", seq_id[, times]), ("fork", seq_id) or ("free", seq_id). Sequence ids count from 0 in the order
-    sequences are created (a refused allocation uses one too). Returns how many scripts passed."""
+    sequences are created (a refused allocation uses one too). Each script's outcomes (Tracker.trace) are observed,
+    also when an operation fails (up to it); the grader compares them with the solution's. Returns how many scripts
+    passed."""
     own_block_manager(BlockManager)
     with checks.reference_forbidden("BlockManager", forbidden=ANSWER_KEY):
         for what, num_blocks, block_size, ops in scripts:
             t = Tracker(BlockManager, num_blocks, block_size, f"{label}{what}")
-            for op, *args in ops:
-                getattr(t, op)(*args)
+            try:
+                for op, *args in ops:
+                    getattr(t, op)(*args)
+            finally:
+                checks.observe(f"{label}{what}: the operations' outcomes", t.trace)
     return len(scripts)
 
 
@@ -239,11 +264,19 @@ def random_run(BlockManager, seed, num_blocks, block_size, n_ops, label):
     """Random operations, weighted like a server's: mostly decode steps, some admissions, forks and finishes."""
     rng = np.random.default_rng(seed)
     t = Tracker(BlockManager, num_blocks, block_size, f"{label}random run, seed {seed}")
+    try:
+        operate(t, rng, n_ops)
+    finally:  # the outcomes up to a failure too; the grader compares them with the solution's
+        checks.observe(f"{label}random run, seed {seed}: the operations' outcomes", t.trace)
+    return t
+
+
+def operate(t, rng, n_ops):  # n_ops random operations on the tracker's manager, then every sequence freed
     for _ in range(n_ops):
         live = sorted(t.seqs)
         r = rng.random()
         if not live or r < 0.15:
-            t.allocate(int(rng.integers(1, 3 * block_size + 1)))
+            t.allocate(int(rng.integers(1, 3 * t.block_size + 1)))
         elif r < 0.27 and len(live) < 8:
             t.fork(live[int(rng.integers(len(live)))])
         elif r < 0.35:
@@ -252,7 +285,6 @@ def random_run(BlockManager, seed, num_blocks, block_size, n_ops, label):
             t.append(live[int(rng.integers(len(live)))])
     for sid in sorted(t.seqs):  # everything finishes: the whole pool must be free again
         t.free(sid)
-    return t
 
 
 def check_random(BlockManager, runs, label):

@@ -5,6 +5,12 @@ Every test runs with this lab's answer key forbidden (``ANSWER_KEY``: the course
 Your ``rejection_verify`` and your ``BlockManager`` class are passed in by the cells. Hidden tests run the same
 checks on the cases of their own cells (other distributions, keys, prompts, positions, block sizes and γ).
 
+A verdict never rests on this kernel's word (autograder/checks/ledger.py): besides its assertion, every check
+``observe``s what it measured of your code (your tokens, your tables' sizes, a frequency's distance from the rule's
+with the assertion's own bound, that an invariant held), and the grader judges those outside the notebook, against
+the same observations of the course's solution. A hidden cell holds its inputs only: the keyed steps' tokens and the
+scripts' table sizes it must give stay with the grader.
+
 Task 1, ``rejection_verify`` (every answer is first made plain ints, and must be 1 to γ + 1 tokens of the
 vocabulary: the accepted drafts in order, then one token of the target's; target_logits and draft_probs unchanged):
   enumeration-visible/-hidden (lab06_verifier.py): on small hand-made distributions p (target) and q (draft),
@@ -13,8 +19,9 @@ vocabulary: the accepted drafts in order, then one token of the target's; target
   bonus tokens after an acceptance the last row; and the step's distribution, summed exactly over the drafts with
   weights q(x), must be p (within 0.04). A failure names the likeliest mistake.
   keyed-visible/-hidden (lab06_verifier.py): hand-made steps of up to 4 drafts, each run three times (the same
-  answer every time: keyed randomness), must give exactly the tokens pasted in the cell; a failure explains the
-  first decision that went the other way, with the coin and the residual behind it.
+  answer every time: keyed randomness), must give exactly the tokens pasted in the visible cell (a visible failure
+  explains the first decision that went the other way, with the coin and the residual behind it); the hidden steps'
+  tokens are compared by the grader.
   chisquare-visible/-hidden (lab06_chisquare.py): at one position of a golden prompt, on the real (float64) target
   and draft, keyed verifications of a draft sampled from q (seeds 0 .. n - 1) must emit first tokens that pass a
   chi-square test against p at the cell's significance, and be accepted at the rate 1 - TV(p, q) (4 standard

@@ -3,6 +3,11 @@ do, and the scripted rollbacks that drive your class the way the speculative eng
 
 Reloaded by ``autograder.labs.lab06`` (see that module); the test cells call it through ``lab06``, and
 ``lab06_engine`` checks every rollback on the engine with ``check_truncate`` too.
+
+Besides its assertions, a script ``observe``s what it read of your manager (autograder/checks/ledger.py), for the
+grader to judge outside the notebook: the size of every sequence's table after every operation (a visible script
+states the sizes its operations must give; a hidden one leaves them to the grader, who has the course's solution's),
+that the pool's rules held throughout, and the free blocks at the end.
 """
 from __future__ import annotations
 
@@ -137,6 +142,8 @@ class Rollback:
         self.bm = BlockManager(num_blocks, block_size)  # your class, with the course's __init__ and other methods
         self.seqs, self.expect, self.history, self.next_id, self.released = {}, {}, [], 0, 0
         self.depth = 0
+        # after each operation: your tables' sizes, and the sizes the operations must give (in seq_id order)
+        self.sizes, self.want_sizes = [], []
 
     def blocks(self, n):
         return -(-n // self.block_size)
@@ -160,6 +167,8 @@ class Rollback:
 
     def check_tables(self, where):
         free, refs, tables = state(self.bm, where)
+        self.sizes.append([len(tables.get(sid, [])) for sid in sorted(self.expect)])
+        self.want_sizes.append([self.expect[sid] for sid in sorted(self.expect)])
         for sid, n in self.expect.items():
             assert len(tables.get(sid, [])) == n, (
                 f"{where}: sequence {sid}'s table should hold {n} block(s), it holds {tables.get(sid)}")
@@ -225,9 +234,10 @@ class Rollback:
             self.check_tables(f"{self.label}: after free(seq {sid})")
 
 
-def check_scripts(BlockManager, scripts, label):
+def check_scripts(BlockManager, scripts, label, hidden=False):
     """ops: ("allocate", num_tokens) | ("draft", seq, g) | ("accept", seq, k) | ("truncate", seq, num_tokens) |
-    ("fork", seq) | ("free", seq). At the end every sequence is freed: the whole pool must be free again."""
+    ("fork", seq) | ("free", seq). At the end every sequence is freed: the whole pool must be free again.
+    hidden: the sizes the tables must have are left to the grader (the course's solution's)."""
     own_block_manager(BlockManager)
     released = 0
     for what, num_blocks, block_size, ops in scripts:
@@ -239,5 +249,10 @@ def check_scripts(BlockManager, scripts, label):
         free, refs, tables = state(t.bm, t.label)
         assert len(free) == num_blocks, (
             f"{t.label}: every sequence is freed, yet {num_blocks - len(free)} blocks are not free")
+        checks.observe(f"{t.label}: the tables' sizes after every operation", t.sizes,
+                       **({} if hidden else {"expect": t.want_sizes}))
+        checks.observe(f"{t.label}: the pool's rules held after every operation, every truncate as the task says",
+                       True, expect=True)
+        checks.observe(f"{t.label}: free blocks once every sequence is freed", len(free), expect=num_blocks)
         released += t.released
     return len(scripts), released

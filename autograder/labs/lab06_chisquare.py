@@ -1,6 +1,10 @@
 """Lab 06, Task 1 against the real target: a chi-square test of the first emitted token at one position.
 
 Reloaded by ``autograder.labs.lab06`` (see that module); the test cells call it through ``lab06``.
+
+Besides its assertions, the test ``observe``s what it measured of your verifier (autograder/checks/ledger.py), with
+the assertions' own bounds, for the grader to judge outside the notebook: the tokens emitted where p is 0, the
+chi-square p-value, and how far the acceptance rate is from 1 - TV(p, q).
 """
 from __future__ import annotations
 
@@ -81,12 +85,19 @@ def check_chi_square(rejection_verify, data, name, extra, params, n, significanc
             counts[out[0]] += 1
             accepted += len(out) == 2
     never = [int(y) for y in np.flatnonzero((counts > 0) & (p == 0))]
+    checks.observe(f"{what}: first tokens emitted where p is 0", int(counts[p == 0].sum()), at_most=0)
     assert not never, (f"{what}: your verifier emitted token(s) {never[:5]} ({int(counts[never].sum())} times), which "
                        f"the target never emits here (p = 0 after temperature, top-k and top-p)")
     stat, dof, p_value = chi_square(counts, n * p)
     top = np.argsort(-p)[:6]
     table = ", ".join(f"{int(y)}: {int(counts[y])} vs {n * p[y]:.0f}" for y in top)
     agree = float(np.minimum(p, q).sum())
+    # the assertion asks p_value > significance; at_least compares with >=, which only a p-value of exactly the
+    # significance (measure zero) tells apart
+    checks.observe(f"{what}: the chi-square p-value of the first tokens against p", p_value, at_least=significance)
+    se = np.sqrt(agree * (1 - agree) / n)
+    checks.observe(f"{what}: |acceptance rate - (1 - TV(p, q))|", float(abs(accepted / n - agree)),
+                   at_most=float(4 * se))
     if p_value <= significance:
         like = lookalike(counts, p, q, agree, n, significance)
         assert False, (
@@ -95,7 +106,6 @@ def check_chi_square(rejection_verify, data, name, extra, params, n, significanc
             + f" (chi-square {stat:.1f} on {dof} degrees of freedom over {n} seeds, p-value {p_value:.2g} < "
               f"{significance}). Counts of the likeliest tokens, yours vs n·p(y): {table}. Accepted "
               f"{accepted / n:.3f} of the drafts; rejection sampling accepts 1 - TV(p, q) = {agree:.3f}")
-    se = np.sqrt(agree * (1 - agree) / n)
     lead = ("the bonus token is missing (none of your answers had two tokens: after the last accepted draft comes the "
             "target's own token); " if accepted == 0 else "")
     assert abs(accepted / n - agree) <= 4 * se, (

@@ -3,6 +3,11 @@
 ``on_the_engine`` opens a test: it lends the draft model's cache the course's block manager and forbids the answer
 key, and hands the test ``serve``, which runs ``LLM`` on your ``BlockManager`` with every rollback checked as it
 happens (``Watch``). Reloaded by ``autograder.labs.lab06`` (see that module).
+
+Besides its assertions, each run ``observe``s (autograder/checks/ledger.py) the tokens it compares with the golden ones
+(with them as the expected values) and that its rollbacks, tables and pool held after every step; a hidden run's
+tokens go to the grader through its HiddenReport instead. ``on_the_engine`` hands the observations out when its test
+ends (the cells call no other check around ``serve``), so that the grader judges them outside the notebook.
 """
 from __future__ import annotations
 
@@ -74,6 +79,7 @@ def compare_tokens(got, want, what, seq=None):
     """Your tokens against the golden ones, as plain ints; a failure names the first difference in words."""
     tok_ = checks.load_tokenizer()
     got = checks.as_tokens(got, f"{what}: token_ids")
+    checks.observe(f"{what}: token_ids", got, expect=want)
     t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     preempted = getattr(seq, "num_preemptions", 0)
     assert got == want, (
@@ -110,6 +116,9 @@ def check_served_tokens(label, cases, forks, seqs):
     for case, seq in zip(cases, seqs):
         compare_tokens(seq.output_token_ids, case["token_ids"], f"{label}: {case['name']} ({case['params']})", seq)
     for case, seq in zip(forks, seqs[len(cases):]):
+        assert len(seq.completions) == len(case["completions"]), (
+            f"{label}: {case['name']} ({case['params']}): {len(seq.completions)} completions, expected "
+            f"{len(case['completions'])}")
         for s, want in zip(seq.completions, case["completions"]):
             compare_tokens(s.output_token_ids, want["token_ids"],
                            f"{label}: {case['name']}, completion {s.child_index} ({case['params']})", s)
@@ -145,6 +154,8 @@ def serve(BlockManager, DraftBlockManager, cases, forks, num_blocks, block_size,
     assert watch.truncations and watch.released and spec.rejected, (
         f"{label}: {watch.truncations} rollbacks released {watch.released} blocks over {spec.rejected} rejecting "
         f"verifications: the test expects the engine to roll back rejected drafts")
+    checks.observe(f"{label}: every rollback checked as it happened, the tables after every step, the pool free at "
+                   f"the end", True, expect=True)
     return {"steps": watch.steps, "rollbacks": watch.truncations, "released": watch.released,
             "preemptions": engine.scheduler.num_preemptions, "alpha": spec.alpha,
             "tokens_per_call": spec.tokens_per_call, "verifications": watch.verifications, "label": label,
@@ -156,9 +167,12 @@ def on_the_engine(BlockManager, what):
     """A test on the engine: yields serve(cases, forks, num_blocks, block_size, gamma, verifier, max_num_seqs, label,
     exact=True) for your BlockManager, while the course's block manager is lent to the draft model's cache (made
     before the answer key is forbidden, so the lent copy works) and any call into the answer key fails the test."""
-    with checks.course_parts_under({}, "DraftBlockManager") as parts, \
-            checks.reference_forbidden(what, forbidden=ANSWER_KEY):
-        yield functools.partial(serve, BlockManager, parts["DraftBlockManager"])
+    try:
+        with checks.course_parts_under({}, "DraftBlockManager") as parts, \
+                checks.reference_forbidden(what, forbidden=ANSWER_KEY):
+            yield functools.partial(serve, BlockManager, parts["DraftBlockManager"])
+    finally:
+        checks.ledger.flush()  # serve is no check_ function that pristine wraps: hand its observations out here
 
 
 def visible_golden():
@@ -202,6 +216,7 @@ def check_same_tokens(first, again, cases):
         want = checks.as_tokens(earlier.output_token_ids, f"{first['label']}: {case['name']}: token_ids")
         t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         preempted = sum(getattr(s, "num_preemptions", 0) for s in (seq, earlier))
+        checks.observe(f"{again['label']}: {case['name']}: the tokens of the run before", got == want, expect=True)
         assert got == want, (
             f"{again['label']}: {case['name']}: the tokens differ from this request's tokens in the run before ("
             f"{first['label']}) at step {t} ({len(got)} and {len(want)} tokens): with the coupled verifier the tokens "

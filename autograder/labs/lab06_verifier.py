@@ -1,6 +1,12 @@
 """Lab 06, Task 1 on hand-made distributions: every draft enumerated, and keyed steps with pasted tokens.
 
 Reloaded by ``autograder.labs.lab06`` (see that module); the test cells call it through ``lab06``.
+
+A verdict never rests on the kernel's word (autograder/checks/ledger.py): besides its assertion, each check
+``observe``s what it measured of your verifier. By enumeration: each frequency's distance from what rejection
+sampling gives, with the same bound as the assertion (a statistical test has no exact value to compare). Keyed: your
+tokens, compared with the pasted ones (visible) or, for a hidden step, which holds its inputs only, with the course's
+solution's tokens by the grader, outside the notebook.
 """
 from __future__ import annotations
 
@@ -76,6 +82,8 @@ def check_bonus_present(same, accepted, num_keys, p, q, x, here, ctx):
 def check_acceptance(accepted, num_keys, p, q, x, here, ctx):
     """x is accepted with probability min(1, p(x)/q(x)): always, never, or within the tolerance."""
     a, rate = min(1.0, p[x] / q[x]), accepted / num_keys
+    bound = 0.0 if a in (0.0, 1.0) else tolerance(a, num_keys)  # always or never: exactly
+    checks.observe(f"{here}: |acceptance rate - min(1, p(x)/q(x))|", float(abs(rate - a)), at_most=bound)
     ok = (accepted == num_keys if a == 1.0 else accepted == 0 if a == 0.0
           else abs(rate - a) <= tolerance(a, num_keys))
     if not ok:
@@ -85,11 +93,22 @@ def check_acceptance(accepted, num_keys, p, q, x, here, ctx):
             f"{acceptance_hint(rate, a, p, q, x, num_keys)}{ctx}")
 
 
+def observe_spread(what, counts, dist, n, name):
+    """Hands the grader two measures of n draws (counts per token) against the distribution they must follow: how
+    many fell where it gives probability 0 (none may), and the largest deviation of a frequency, in units of its
+    tolerance (at most 1), the assertions' own bounds."""
+    freq = counts / n
+    checks.observe(f"{what} where {name} gives probability 0", int(counts[dist == 0].sum()), at_most=0)
+    checks.observe(f"{what}: largest deviation from {name}, in tolerances",
+                   float(max(abs(freq[y] - dist[y]) / tolerance(dist[y], n) for y in range(dist.size))), at_most=1)
+
+
 def check_bonus(bonuses, accepted, bonus, here, ctx):
     """After an accepted draft, the bonus tokens follow the last row, target_logits[γ]."""
     freq = bonuses / accepted
     bad = [int(y) for y in np.flatnonzero((bonuses > 0) & (bonus == 0))]
     off = [int(y) for y in range(bonus.size) if abs(freq[y] - bonus[y]) > tolerance(bonus[y], accepted)]
+    observe_spread(f"{here}: bonus tokens", bonuses, bonus, accepted, "the last row")
     assert not bad and not off, (
         f"{here}: the bonus token after an accepted draft must be the target's own sample from its last "
         f"row, target_logits[γ] = {fmt(bonus)} here, at positions[γ]; yours have frequencies "
@@ -103,6 +122,7 @@ def check_replacements(replaced, rejected, p, q, here, ctx):
     name, dist = looks_like(freq, [("p, the target's distribution", p), ("q, the draft's distribution", q)])
     lead = f"your replacements look like {name}, not the residual: " if dist < 0.5 * np.abs(freq - r).sum() else ""
     bad = [int(y) for y in np.flatnonzero((replaced > 0) & (r == 0))]
+    observe_spread(f"{here}: replacements after a rejection", replaced, r, rejected, "the residual")
     assert not bad, (
         f"{here}: {lead}after rejecting x, draw from the residual normalize(max(0, p - q)) = {fmt(r)}; "
         f"your verifier emitted token(s) {bad} ({int(replaced[bad].sum())} of {rejected} rejections), "
@@ -141,6 +161,8 @@ def check_enumeration(rejection_verify, pairs, num_keys, label):
                 if rejected:
                     step += q[x] * (1 - rate) * check_replacements(replaced, rejected, p, q, here, ctx)
                 step[x] += q[x] * rate
+            checks.observe(f"{label}{what}: the step's first token, largest deviation from p",
+                           float(np.abs(step - p).max()), at_most=0.04)
             off = [int(y) for y in range(p.size) if abs(step[y] - p[y]) > 0.04]
             assert not off, (
                 f"{label}{what}: summed over every draft x with its probability q(x), your step emits its first token "
@@ -180,12 +202,14 @@ def explain(got, want, logits, qs, drafts, sp, positions):
 
 def check_keyed(rejection_verify, cases, label):
     """Hand-made steps (what, p rows and q rows in twentieths, drafts, params, positions[0], the expected tokens):
-    the expected tokens are pasted in the cell, computed once with the keys the task prescribes. Each step runs
-    three times: a keyed verifier answers the same every time. All steps run before any answer is compared."""
+    the expected tokens are pasted in a visible cell, computed once with the keys the task prescribes; a hidden step
+    leaves them out, and the grader compares your tokens with the course's solution's, outside the notebook. Each
+    step runs three times: a keyed verifier answers the same every time. All steps run before any answer is
+    compared."""
     checks.require_own(rejection_verify, "rejection_verify")
     with checks.reference_forbidden("rejection_verify", forbidden=ANSWER_KEY):
         steps = []
-        for what, p20, q20, drafts, params, first, want in cases:
+        for what, p20, q20, drafts, params, first, *want in cases:
             logits = as_logits(np.asarray(p20, dtype=np.float64) / 20)
             qs = [np.asarray(q, dtype=np.float64) / 20 for q in q20]
             sp = SamplingParams(**params)
@@ -201,8 +225,11 @@ def check_keyed(rejection_verify, cases, label):
                 f"replacement from the keyed streams (keyed_uniform and gumbel_noise with params.seed and the "
                 f"position), never from a fresh random generator, so that a request gets the same tokens in any batch "
                 f"and after a preemption {case}")
+            checks.observe(f"{label}{what}: the same answer in three runs", True, expect=True)
         for what, logits, qs, drafts, sp, positions, case, answers, want in steps:
             got = answers[0]
-            assert got == want, (f"{label}{what}: " + explain(got, want, logits, qs, drafts, sp, positions)
-                                 + f". Expected {want}, got {got} {case}")
+            checks.observe(f"{label}{what}: the tokens", got, **({"expect": want[0]} if want else {}))
+            if want:
+                assert got == want[0], (f"{label}{what}: " + explain(got, want[0], logits, qs, drafts, sp, positions)
+                                        + f". Expected {want[0]}, got {got} {case}")
     return len(cases)

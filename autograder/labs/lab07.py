@@ -29,6 +29,12 @@ Task 4, your engine (lab07_engine.py): LLM(quantization=Int4GroupWise(64)) must 
 must hold a quarter of the target's KV bytes per token and produce the reference's tokens on that converted model.
 The hidden test sends its tokens to the grader, which compares them outside your kernel.
 
+A verdict never rests on this kernel's word (autograder/checks/ledger.py): besides its assertion, every check
+``observe``s what it measured of your code (your bytes, codes, pooled weights and tokens as plain values; counts of
+entries that break the format, with a bound of 0; that a bad input raised), and the grader judges those outside the
+notebook, against the same observations of the course's solution. The hidden cells hold their inputs only and pass
+``hidden=True``: no expected value is stated in them, the grader has the solution's.
+
 The test cells call ``check_packer``, ``check_schemes`` (with ``special_weight`` and ``target_weight`` to build
 cases), ``check_group_sizes``, ``check_pooling``, ``check_engine`` and ``report_engine``, passing your functions
 and class as arguments.

@@ -1,5 +1,9 @@
 """Lab 07, "your engine": the engine serving with your Int4GroupWise and with the model your mean_pool_kv converts.
-Reloaded by ``autograder.labs.lab07``."""
+Reloaded by ``autograder.labs.lab07``.
+
+Besides its assertions, the visible test ``observe``s (autograder/checks/ledger.py) every request's tokens, with the
+golden ones as the expected values, and the bytes each engine holds, for the grader to judge outside the notebook; the
+hidden test sends its tokens to the grader through its HiddenReport (autograder/hidden_spec.py)."""
 from __future__ import annotations
 
 import json
@@ -33,6 +37,7 @@ def compare(outs, cases, label, why=lambda: ""):
     assert len(outs) == len(cases), f"{label}: {len(cases)} requests gave {len(outs)} outputs"
     for case, out in zip(cases, outs):
         got, want = checks.as_tokens(out.token_ids, f"{label}, {case['name']}: token_ids"), case["token_ids"]
+        checks.observe(f"{label}, {case['name']}: token_ids", got, expect=want)
         t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         if got != want:
             diagnosis = why()
@@ -84,15 +89,17 @@ def gqa_weights_problem(model, target):
     return ""
 
 
-def int4_engine(Int4GroupWise, label):
+def int4_engine(Int4GroupWise, label, visible=False):
     """LLM(quantization=Int4GroupWise(64)) must store every linear layer as your state: half a byte per weight and a
-    4-byte scale per 64 weights. Returns the engine."""
+    4-byte scale per 64 weights (visible: the bytes go to the grader too). Returns the engine."""
     llm = call(LLM, label, quantization=Int4GroupWise(group_size=64), max_num_seqs=16)
     layers = [m for m in llm.model.modules() if isinstance(m, QuantLinear)]
     assert layers and all(isinstance(m.scheme, Int4GroupWise) for m in layers), (
         f"{label}: the engine's linear layers should be quantized with your Int4GroupWise")
     stored = sum(t.numel() * t.element_size() for m in layers for t in m.state.values())
     weights = sum(m.out_features * m.in_features for m in layers)
+    if visible:
+        checks.observe(f"{label}: bytes the quantized layers store", stored, expect=round(weights * (0.5 + 4 / 64)))
     assert stored == round(weights * (0.5 + 4 / 64)), (
         f"{label}: the quantized layers store {stored:,} bytes for {weights:,} weights; int4 in groups of 64 is "
         f"half a byte per weight plus a 4-byte scale per 64 weights, {round(weights * (0.5 + 4 / 64)):,} bytes")
@@ -123,7 +130,7 @@ def check_int4_golden(Int4GroupWise, golden_path, label):
     with open(golden_path) as f:
         cases = json.load(f)["cases"]
     label = f"{label}LLM(quantization=Int4GroupWise(64)), {len(cases)} int4 golden requests"
-    llm = int4_engine(Int4GroupWise, label)
+    llm = int4_engine(Int4GroupWise, label, visible=True)
     return compare(generate(llm, cases, label), cases, label, lambda: int4_weights_problem(llm))
 
 
@@ -131,6 +138,7 @@ def check_gqa_golden(mean_pool_kv, cases, label):
     """The cases on the model your pooling converts: token-exact with the reference run on the same converted model."""
     label = gqa_label(label, cases)
     llm, model, target, per_token, mha = gqa_engine(mean_pool_kv, label)
+    checks.observe(f"{label}: KV bytes per token", per_token, expect=mha // 4)
     n = compare(generate(llm, cases, label), cases, label, lambda: gqa_weights_problem(model, target))
     return n, per_token, mha
 

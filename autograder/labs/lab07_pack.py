@@ -1,5 +1,9 @@
 """Lab 07, Task 1: pack_int4 and unpack_int4, checked against the lab's formulas for each byte and code.
-Reloaded by ``autograder.labs.lab07``, which the test cells call."""
+Reloaded by ``autograder.labs.lab07``, which the test cells call.
+
+Besides its assertions, each case ``observe``s your output (autograder/checks/ledger.py) for the grader to judge
+outside the notebook: your bytes and codes as plain ints, with the formula's as the expected values in a visible
+case; a hidden case leaves them to the grader, who has the course's solution's."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +31,12 @@ def ints(t, what, dtype):
     return t.detach().cpu().numpy().astype(np.int64)
 
 
-def check_pack(pack_int4, q, dtype, label):
+def expected(want, hidden):
+    """observe's keywords: the formula's value as the expected one, but not in a hidden case (the grader's)."""
+    return {} if hidden else {"expect": want.tolist()}
+
+
+def check_pack(pack_int4, q, dtype, label, hidden=False, case=""):
     """pack_int4 on codes q (any shape, an even last dimension) must give the bytes of the formula."""
     q = np.asarray(q, dtype=np.int64)
     qt = torch.tensor(q, dtype=dtype)
@@ -37,6 +46,7 @@ def check_pack(pack_int4, q, dtype, label):
     assert torch.equal(qt, before), f"{what}: pack_int4 changed its input"
     got = ints(got, what, torch.uint8)
     want = want_bytes(q)
+    checks.observe(f"{what}{case}: the bytes", got.tolist(), **expected(want, hidden))
     assert got.shape == want.shape, (
         f"{what}: expected shape {list(want.shape)} (two codes per byte, along the last dimension), got {list(got.shape)}")
     if not np.array_equal(got, want):
@@ -56,7 +66,7 @@ def check_pack(pack_int4, q, dtype, label):
             f"high nibble 0x{w >> 4:X} = {b} & 0xF), got 0x{g:02X}")
 
 
-def check_unpack(unpack_int4, b, label):
+def check_unpack(unpack_int4, b, label, hidden=False, case=""):
     """unpack_int4 on bytes b must give the codes of the formula, as int8."""
     b = np.asarray(b, dtype=np.int64)
     bt = torch.tensor(b, dtype=torch.uint8)
@@ -66,6 +76,7 @@ def check_unpack(unpack_int4, b, label):
     assert torch.equal(bt, before), f"{what}: unpack_int4 changed its input"
     got = ints(got, what, torch.int8)
     want = want_codes(b)
+    checks.observe(f"{what}{case}: the codes", got.tolist(), **expected(want, hidden))
     assert got.shape == want.shape, (
         f"{what}: expected shape {list(want.shape)} (two codes per byte, along the last dimension), got {list(got.shape)}")
     if not np.array_equal(got, want):
@@ -87,12 +98,13 @@ def check_unpack(unpack_int4, b, label):
         raise AssertionError(f"{what}: {said} at positions {2 * k} and {2 * k + 1} (byte {list(i[:-1] + (k,))})")
 
 
-def check_round_trip(pack_int4, unpack_int4, q, dtype, label):
+def check_round_trip(pack_int4, unpack_int4, q, dtype, label, hidden=False, case=""):
     """unpack_int4 must undo pack_int4 exactly."""
     q = np.asarray(q, dtype=np.int64)
     what = f"{label}unpack_int4(pack_int4(q)) for {str(dtype)[6:]} codes of shape {list(q.shape)}"
     packed = call(pack_int4, what, torch.tensor(q, dtype=dtype))
     got = ints(call(unpack_int4, what, as_tensor(packed, what)), what, torch.int8)
+    checks.observe(f"{what}{case}", got.tolist(), **expected(q, hidden))
     assert got.shape == q.shape, f"{what}: expected shape {list(q.shape)}, got {list(got.shape)}"
     if not np.array_equal(got, q):
         i = first(got != q)
@@ -105,6 +117,7 @@ def check_odd(pack_int4, shape, label):
     try:
         pack_int4(torch.zeros(shape, dtype=torch.int8))
     except ValueError:
+        checks.observe(f"{what} raises ValueError", True, expect=True)
         return
     except Exception as e:
         raise AssertionError(f"{what} raised {type(e).__name__}: {e}; an odd number of codes in the last dimension "
@@ -113,18 +126,19 @@ def check_odd(pack_int4, shape, label):
                          f"raise a ValueError")
 
 
-def check_packer(pack_int4, unpack_int4, pack_cases, unpack_cases, odd_shapes, label):
+def check_packer(pack_int4, unpack_int4, pack_cases, unpack_cases, odd_shapes, label, hidden=False):
     """Task 1: your pack_int4 and unpack_int4 on every case, with the course's versions forbidden.
     pack_cases: (codes, torch dtype); unpack_cases: bytes; odd_shapes: shapes with an odd last dimension.
-    Returns the number of cases."""
+    hidden: your outputs are compared by the grader (the formula's are not stated). Returns the number of cases."""
     own_packer(pack_int4, unpack_int4)
     with checks.reference_forbidden("pack_int4 and unpack_int4", forbidden=ANSWER_KEY):
-        for q, dtype in pack_cases:
-            check_pack(pack_int4, q, dtype, label)
-        for b in unpack_cases:
-            check_unpack(unpack_int4, b, label)
-        for q, dtype in pack_cases:
-            check_round_trip(pack_int4, unpack_int4, q, dtype, label)
+        # " (case i)" keeps two cases of one shape and dtype apart in what the grader is handed
+        for i, (q, dtype) in enumerate(pack_cases):
+            check_pack(pack_int4, q, dtype, label, hidden, f" (case {i})")
+        for i, b in enumerate(unpack_cases):
+            check_unpack(unpack_int4, b, label, hidden, f" (case {i})")
+        for i, (q, dtype) in enumerate(pack_cases):
+            check_round_trip(pack_int4, unpack_int4, q, dtype, label, hidden, f" (case {i})")
         for shape in odd_shapes:
             check_odd(pack_int4, shape, label)
     return len(pack_cases) + len(unpack_cases) + len(odd_shapes)

@@ -1,5 +1,11 @@
 """Lab 07, Task 2: Int4GroupWise, checked against the lab's quantizer written out as a formula (scales, codes,
-dequantize, the error bound, the row lookup), and its group sizes. Reloaded by ``autograder.labs.lab07``."""
+dequantize, the error bound, the row lookup), and its group sizes. Reloaded by ``autograder.labs.lab07``.
+
+Besides its assertions, each check ``observe``s what it measured of your scheme (autograder/checks/ledger.py), for the
+grader to judge outside the notebook: the state's layout, then how many scales, codes, dequantized entries and looked-up
+rows break the formula (none may) and the largest error in steps (a code may round either way at a tie, so counts, not
+the codes themselves); the group sizes your class keeps, and that each bad one raised the ValueError asked for. A
+hidden case states no expected layout or size: the grader has the course's solution's."""
 from __future__ import annotations
 
 import numpy as np
@@ -42,7 +48,7 @@ def scale_problem(s, s_want, absmax, w, G, what):
     return f"{what}: {where}"
 
 
-def state_tensors(state, out_f, in_f, G, what):
+def state_tensors(state, out_f, in_f, G, what, hidden=False):
     """quantize's state must be {"packed": uint8 [out, in / 2], "scale": float32 [out, in / G]}; returns both."""
     n_groups = in_f // G
     assert isinstance(state, dict) and "packed" in state and "scale" in state, (
@@ -50,6 +56,10 @@ def state_tensors(state, out_f, in_f, G, what):
         f"{sorted(state) if isinstance(state, dict) else ''}")
     packed = as_tensor(state["packed"], f"{what}: state['packed']")
     scale = as_tensor(state["scale"], f"{what}: state['scale']")
+    checks.observe(f"{what}: the state's dtypes and shapes", [str(packed.dtype), list(packed.shape), str(scale.dtype),
+                                                            list(scale.shape)],
+                   **({} if hidden else {"expect": ["torch.uint8", [out_f, in_f // 2], "torch.float32",
+                                                    [out_f, n_groups]]}))
     assert packed.dtype == torch.uint8, f"{what}: state['packed'] must be uint8 (two codes per byte), got {packed.dtype}"
     assert tuple(packed.shape) == (out_f, in_f // 2), (
         f"{what}: state['packed'] must have shape [{out_f}, {in_f // 2}] = [out, in / 2], got {list(packed.shape)}")
@@ -64,6 +74,8 @@ def state_tensors(state, out_f, in_f, G, what):
 
 def check_scales(s, s_want, absmax, w, G, what):
     """Positive, finite scales first (a group of zeros gets 1), then absmax / 7, with a diagnosis when not."""
+    checks.observe(f"{what}: scales that are not absmax / 7 (1 for a group of zeros)",
+                   int((~np.isclose(s, s_want, rtol=1e-6, atol=0)).sum()), at_most=0)
     if not (np.isfinite(s).all() and (s > 0).all()):
         r, j = first(~(np.isfinite(s) & (s > 0)))
         raise AssertionError(
@@ -85,6 +97,8 @@ def check_codes(codes, q_want, ratio, s_want, w, G, what):
     wrong = codes != q_want
     tie = np.abs(np.abs(ratio - np.floor(ratio)) - 0.5) < 1e-4  # w / scale within rounding noise of a half: either way
     bad = wrong & ~(tie & (np.abs(codes - q_want) == 1))
+    checks.observe(f"{what}: codes that are not round(w / scale) in [-7, 7]", int((bad | (codes < -7)).sum()),
+                   at_most=0)
     if bad.any():
         r, c = first(bad)
         swapped = codes.reshape(out_f, -1, 2)[:, :, ::-1].reshape(out_f, in_f)
@@ -105,11 +119,14 @@ def check_dequantized(scheme, state, codes, s, w, G, what):
     d = deq.detach().cpu().double().numpy()
     step = s.astype(np.float64).repeat(G, axis=1)
     want_d = codes * step
+    err = np.abs(d - w.numpy().astype(np.float64)) / step
+    checks.observe(f"{what}: entries of dequantize(state) that are not code * scale",
+                   int((~np.isclose(d, want_d, rtol=1e-6, atol=0)).sum()), at_most=0)
+    checks.observe(f"{what}: the largest error of dequantize(state), in steps", float(err.max()), at_most=0.5 + 1e-4)
     if not np.allclose(d, want_d, rtol=1e-6, atol=0):
         r, c = first(~np.isclose(d, want_d, rtol=1e-6, atol=0))
         raise AssertionError(f"{what}: dequantize(state)[{r}, {c}] should be the code times its group's scale, "
                              f"{codes[r, c]} * {s[r, c // G]:.6g} = {want_d[r, c]:.6g}, got {d[r, c]:.6g}")
-    err = np.abs(d - w.numpy().astype(np.float64)) / step
     if err.max() > 0.5 + 1e-4:
         r, c = first(err == err.max())
         raise AssertionError(f"{what}: w[{r}, {c}] = {float(w[r, c]):.6g} came back as {d[r, c]:.6g}, {err[r, c]:.3f} steps "
@@ -126,13 +143,15 @@ def check_rows(scheme, state, d, rows, in_f, what):
         f"{what}: dequantize(state, rows={rows}) must have shape [{len(rows)}, {in_f}] (those rows, in that order), "
         f"got {list(sub.shape)}")
     got = sub.detach().cpu().double().numpy()
+    checks.observe(f"{what}: rows of dequantize(state, rows={rows}) that are not those of the whole matrix",
+                   int((~np.isclose(got, d[rows], rtol=1e-6, atol=0).all(axis=1)).sum()), at_most=0)
     if not np.allclose(got, d[rows], rtol=1e-6, atol=0):
         k = first(~np.isclose(got, d[rows], rtol=1e-6, atol=0).all(axis=1, keepdims=True))[0]
         raise AssertionError(f"{what}: dequantize(state, rows={rows}) must give rows {rows} of the whole matrix, in "
                              f"that order (the embedding looks token ids up this way); entry {k} is not row {rows[k]}")
 
 
-def check_scheme(Int4GroupWise, w, G, label, rows=None):
+def check_scheme(Int4GroupWise, w, G, label, rows=None, hidden=False):
     """Your Int4GroupWise(G) on the matrix w: the state's layout, the scales, the codes (read with the lab's packing),
     dequantize (the whole matrix, and the rows an embedding lookup asks for), and the error bound.
     Returns the largest error in steps (at most 0.5)."""
@@ -143,7 +162,7 @@ def check_scheme(Int4GroupWise, w, G, label, rows=None):
     before = w.clone()
     state = call(scheme.quantize, f"{what}: quantize", w)
     assert torch.equal(w, before), f"{what}: quantize changed the weight it was given"
-    packed, scale = state_tensors(state, out_f, in_f, G, what)
+    packed, scale = state_tensors(state, out_f, in_f, G, what, hidden)
     q_want, s_want, ratio, absmax = want_int4(w.numpy(), G)
     s = scale.detach().cpu().numpy().astype(np.float32)
     check_scales(s, s_want, absmax, w, G, what)
@@ -172,16 +191,17 @@ def target_weight(name):
     return checks.load_model().state_dict()[name].detach().clone()
 
 
-def check_schemes(Int4GroupWise, cases, label, ns):
+def check_schemes(Int4GroupWise, cases, label, ns, hidden=False):
     """Task 2: your Int4GroupWise on every (what, weight, group size, rows to look up) case. Your quantize and
     dequantize call pack_int4 and unpack_int4 by name in the notebook ``ns``: the course's versions are lent there
-    while this runs, so that a mistake of Task 1 is not counted again here. Returns (cases, largest error in steps)."""
+    while this runs, so that a mistake of Task 1 is not counted again here. hidden: no expected layout is stated (the
+    grader has the solution's). Returns (cases, largest error in steps)."""
     own_scheme(Int4GroupWise)
     worst = 0.0
     with checks.course_parts_under(ns, "pack_int4", "unpack_int4"), \
             checks.reference_forbidden("Int4GroupWise", forbidden=ANSWER_KEY):
         for what, w, G, rows in cases:
-            worst = max(worst, check_scheme(Int4GroupWise, w, G, f"{label}{what}: ", rows))
+            worst = max(worst, check_scheme(Int4GroupWise, w, G, f"{label}{what}: ", rows, hidden))
     return len(cases), worst
 
 
@@ -194,6 +214,7 @@ def check_bad_size(Int4GroupWise, g, label):
         assert "group_size" in str(e) and repr(g) in str(e), (
             f"{what} raised ValueError({str(e)!r}): right, but the message should name group_size and the "
             f"value it got, {g!r}, so that the caller sees what to fix")
+        checks.observe(f"{what} raises ValueError naming group_size and {g!r}", True, expect=True)
         return
     except Exception as e:
         raise AssertionError(f"{what} raised {type(e).__name__}: {e}; the lab asks for a ValueError that names "
@@ -212,6 +233,7 @@ def check_bad_layer(Int4GroupWise, g, out_f, in_f, label):
         assert str(g) in str(e) and str(in_f) in str(e), (
             f"{what} raised ValueError({str(e)!r}): right, but the message should name the group size ({g}) "
             f"and the layer's {in_f} input features")
+        checks.observe(f"{what} raises ValueError naming {g} and {in_f}", True, expect=True)
         return
     except Exception as e:
         raise AssertionError(f"{what} raised {type(e).__name__}: {e}; the lab asks for a ValueError that names "
@@ -220,9 +242,10 @@ def check_bad_layer(Int4GroupWise, g, out_f, in_f, label):
                          f"partial. Raise a ValueError")
 
 
-def check_group_sizes(Int4GroupWise, bad, bad_layers, good, label):
+def check_group_sizes(Int4GroupWise, bad, bad_layers, good, label, hidden=False):
     """Bad group sizes fail at construction, and a group size that does not divide a layer's inputs fails in quantize,
-    each with a ValueError whose message names the problem; good ones are kept as self.group_size, 64 by default."""
+    each with a ValueError whose message names the problem; good ones are kept as self.group_size, 64 by default.
+    hidden: the sizes kept are compared by the grader."""
     own_scheme(Int4GroupWise)
     with checks.reference_forbidden("Int4GroupWise", forbidden=ANSWER_KEY):
         for g in bad:
@@ -232,8 +255,10 @@ def check_group_sizes(Int4GroupWise, bad, bad_layers, good, label):
         for g in good:
             scheme = call(Int4GroupWise, f"{label}Int4GroupWise({g})", g)
             kept = checks.as_count(getattr(scheme, "group_size", None), f"{label}Int4GroupWise({g}).group_size")
+            checks.observe(f"{label}Int4GroupWise({g}).group_size", kept, **({} if hidden else {"expect": g}))
             assert kept == g, f"{label}Int4GroupWise({g}).group_size should be {g}, got {kept}"
         default = checks.as_count(getattr(call(Int4GroupWise, f"{label}Int4GroupWise()"), "group_size", None),
                                   f"{label}Int4GroupWise().group_size")
+        checks.observe(f"{label}Int4GroupWise().group_size", default, **({} if hidden else {"expect": 64}))
         assert default == 64, f"{label}Int4GroupWise() should default to groups of 64, got {default}"
     return len(bad) + len(bad_layers) + len(good)

@@ -10,7 +10,12 @@ small pools, the way the engine would, and reads its state (``block_tables``, ``
 * ``random_ops``: random admissions, growth and frees of prompts that share prefixes, on a pool small enough
   to run out; ``check_invariants`` after every operation.
 
-``as_key`` and ``as_bool``, the strict conversions of a key and of a yes/no answer, live here too, for both files.
+Each scenario observes what the student's cache answered (reused positions, yes/no answers, reference counts) and
+that the invariants held; a hidden case observes its answers without the expected ones (the grader holds the
+solution's, from the answer sheet) and its messages say what the cache gave, never what it should have.
+
+``as_key`` and ``as_bool``, the strict conversions of a key and of a yes/no answer, ``expected`` and the lab's
+``ANSWER_KEY`` live here too, for every file of the lab.
 """
 from __future__ import annotations
 
@@ -19,6 +24,24 @@ import random
 import numpy as np
 
 from autograder import notebook_checks as checks
+
+ANSWER_KEY = {  # this lab's answer key: any call into it while the tests run fails them
+    "miniengine.kv.prefix_cache": ["block_key", "block_keys", "PrefixCachingBlockManager.__init__",
+                                   "PrefixCachingBlockManager.num_free_blocks", "PrefixCachingBlockManager._take",
+                                   "PrefixCachingBlockManager._release", "PrefixCachingBlockManager.match",
+                                   "PrefixCachingBlockManager.can_allocate", "PrefixCachingBlockManager.allocate",
+                                   "PrefixCachingBlockManager.register", "PrefixCachingBlockManager.hit_rate"],
+    "miniengine.engine.scheduler": ["chunk_to_fit"]}
+
+
+def expected(value, hidden):
+    """observe's keywords: a visible case's expected value; none for a hidden one (the sheet holds the solution's)."""
+    return {} if hidden else {"expect": value}
+
+
+def said(text, hidden):
+    """A message's statement of the expected value, left out of a hidden case's message."""
+    return "" if hidden else text
 
 
 def as_key(x, what):
@@ -95,7 +118,7 @@ def _admit(bm, seq, block_size, where):
     return reused
 
 
-def random_ops(PrefixCache, seed, num_blocks, block_size, steps, label):
+def random_ops(PrefixCache, seed, num_blocks, block_size, steps, label, hidden=False):
     """Random admissions, growth and frees on a small pool, prompts sharing prefixes; invariants after each."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1000) for _ in range(rng.choice([2, 3, 5]) * block_size)] for _ in range(4)]
@@ -130,65 +153,90 @@ def random_ops(PrefixCache, seed, num_blocks, block_size, steps, label):
             check_invariants(bm, where)
         except AssertionError as e:
             raise AssertionError(f"{e}\n  last operations: " + "; ".join(log[-6:])) from None
+    checks.observe(f"{label}: operations after which the invariants held", steps, **expected(steps, hidden))
     assert hits > steps // 20, f"{label}: only {hits} admissions reused a cached prefix; prompts shared prefixes"
+    checks.observe(f"{label}: admissions that reused a cached prefix", hits, at_least=steps // 20 + 1)
     assert refusals > 0, f"{label}: the pool never ran out (the test's own check)"
+    checks.observe(f"{label}: admissions can_allocate refused", refusals, at_least=1)
     return hits, refusals
 
 
-def lru_scenario(PrefixCache, t, block_size, label):
+def lru_scenario(PrefixCache, t, block_size, label, hidden=False):
     """Two prompts cached and freed, A before B; a third needs one evicted block: A's (least recently freed) goes."""
     bs = block_size
     a, b = t[:bs] + [t[4 * bs]], t[bs:2 * bs] + [t[4 * bs]]
     bm = PrefixCache(4, bs)
     sa, sb = Seq(a), Seq(b)
-    for s in (sa, sb):
+    for name, s in (("A", sa), ("B", sb)):
         got = checks.as_count(bm.allocate(s), f"{label}: allocate of a new prompt")
         assert got == 0, f"{label}: nothing is cached yet, but allocate returned {got} reused positions"
+        checks.observe(f"{label}: allocate of {name} in an empty cache, positions reused", got, **expected(0, hidden))
         bm.register(s, s.num_tokens)
     bm.free(sa)
     bm.free(sb)
     check_invariants(bm, f"{label}, after freeing A then B")
     c = Seq(t[2 * bs:4 * bs] + [t[4 * bs]])  # three blocks: two plain free ones, then one eviction
-    assert as_bool(bm.can_allocate(c), label + ": can_allocate"), f"{label}: 2 free + 2 evictable blocks, yet can_allocate refused 3 blocks"
+    fits = as_bool(bm.can_allocate(c), label + ": can_allocate")
+    assert fits, f"{label}: 2 free + 2 evictable blocks, {said('yet', hidden) or 'and'} can_allocate refused 3 blocks"
+    checks.observe(f"{label}: can_allocate of 3 blocks with 2 free and 2 evictable", fits, **expected(True, hidden))
     bm.allocate(c)
     check_invariants(bm, f"{label}, after an allocation that had to evict")
     bm.free(c)
     got_b = checks.as_count(bm.allocate(Seq(b)), f"{label}: allocate")
     got_a = checks.as_count(bm.allocate(Seq(a)), f"{label}: allocate")
     assert (got_a, got_b) == (0, bs), (
-        f"{label}: A was freed before B, so the eviction must drop A's block (least recently freed) and keep B's: "
-        f"expected A to find 0 cached positions and B {bs}, got A {got_a} and B {got_b}")
+        f"{label}: A was freed before B, so the eviction must drop A's block (least recently freed) and keep B's"
+        + said(f": expected A to find 0 cached positions and B {bs}", hidden) + f", got A {got_a} and B {got_b}")
+    checks.observe(f"{label}: positions A and B find cached after the eviction", [got_a, got_b],
+                   **expected([0, bs], hidden))
+    checks.observe(f"{label}: the invariants held at every step", True, expect=True)
 
 
-def reuse_scenario(PrefixCache, t, block_size, label):
+def reuse_scenario(PrefixCache, t, block_size, label, hidden=False):
     """Reuse, the last token's block, shared blocks, and can_allocate counting found blocks that were free."""
     bs = block_size
+
+    def reused(got, want, what, message):
+        checks.observe(f"{label}: {what}, positions reused", got, **expected(want, hidden))
+        assert got == want, f"{label}: {message}" + said(f": expected {want} reused positions", hidden) + f", got {got}"
+
     bm = PrefixCache(4, bs)
     s1 = Seq(t[:2 * bs])
-    assert checks.as_count(bm.allocate(s1), label + ": allocate") == 0, f"{label}: an empty cache found something"
+    reused(checks.as_count(bm.allocate(s1), label + ": allocate"), 0, f"allocate of {2 * bs} tokens in an empty cache",
+           "an empty cache found something")
     bm.register(s1, s1.num_tokens)
     bm.free(s1)
     check_invariants(bm, f"{label}, after a {2 * bs}-token sequence was registered and freed")
     s2 = Seq(t[:2 * bs])
-    got = checks.as_count(bm.allocate(s2), label + ": allocate")
-    assert got == bs, (f"{label}: the same {2 * bs} tokens again: the block of the last token is computed again, so "
-                       f"allocate should return {bs} reused positions, got {got}")
+    reused(checks.as_count(bm.allocate(s2), label + ": allocate"), bs, f"the same {2 * bs} tokens again",
+           f"the same {2 * bs} tokens again: the block of the last token is computed again")
     bm.register(s2, s2.num_tokens)
     s3 = Seq(t[:2 * bs] + [t[3 * bs]])
-    got = checks.as_count(bm.allocate(s3), label + ": allocate")
-    assert got == 2 * bs, f"{label}: {2 * bs} cached tokens and one more: expected {2 * bs} reused positions, got {got}"
+    reused(checks.as_count(bm.allocate(s3), label + ": allocate"), 2 * bs, f"{2 * bs} cached tokens and one more",
+           f"{2 * bs} cached tokens and one more: both full blocks are found")
     shared = [int(x) for x in bm.block_tables[s2.seq_id]][0]
-    assert int(bm.ref_count[shared]) == 2, f"{label}: block {shared} is in two tables, its ref_count is {bm.ref_count[shared]}"
+    refs = checks.as_count(bm.ref_count[shared], label + ": ref_count")
+    assert refs == 2, f"{label}: block {shared} is in two tables, its ref_count is {refs}"
+    checks.observe(f"{label}: ref_count of a block two tables hold", refs, **expected(2, hidden))
     check_invariants(bm, f"{label}, after two sequences share a prefix")
     bm.free(s2)
     bm.free(s3)
     check_invariants(bm, f"{label}, after both sequences were freed")
     # now: the blocks of t[:bs] and t[bs:2bs] are keyed and evictable, the two others plain free blocks
     s4 = Seq(t[:2 * bs] + t[3 * bs:5 * bs] + [t[0]])  # 5 blocks: 2 found, 3 more needed, only 2 other blocks
-    assert not as_bool(bm.can_allocate(s4), label + ": can_allocate"), (
+    fits = as_bool(bm.can_allocate(s4), label + ": can_allocate")
+    checks.observe(f"{label}: can_allocate of 5 blocks, 2 of them cached and evictable, in a pool of 4", fits,
+                   **expected(False, hidden))
+    assert not fits, (
         f"{label}: a 5-block sequence whose first 2 blocks are cached (and evictable), in a pool of 4: the 2 it finds "
-        f"are counted among the free ones and cannot also be taken for its other 3 blocks, so can_allocate must say False")
+        f"are counted among the free ones and cannot also be taken for its other 3 blocks"
+        + said(", so can_allocate must say False", hidden) + ", yet it said True")
     s5 = Seq(t[:2 * bs] + t[3 * bs:4 * bs] + [t[0]])  # 4 blocks: 2 found, 2 more: fits exactly
-    assert as_bool(bm.can_allocate(s5), label + ": can_allocate"), f"{label}: 2 cached blocks + 2 free blocks for a 4-block sequence: can_allocate said False"
-    assert checks.as_count(bm.allocate(s5), label + ": allocate") == 2 * bs, f"{label}: expected {2 * bs} reused positions"
+    fits = as_bool(bm.can_allocate(s5), label + ": can_allocate")
+    checks.observe(f"{label}: can_allocate of 4 blocks, 2 of them cached and evictable, in a pool of 4", fits,
+                   **expected(True, hidden))
+    assert fits, f"{label}: 2 cached blocks + 2 free blocks for a 4-block sequence: can_allocate said False"
+    reused(checks.as_count(bm.allocate(s5), label + ": allocate"), 2 * bs, "the 4-block sequence",
+           "the 4-block sequence finds its 2 cached blocks")
     check_invariants(bm, f"{label}, after reusing two evictable blocks")
+    checks.observe(f"{label}: the invariants held at every step", True, expect=True)
