@@ -99,3 +99,32 @@ def lab03_heldout_mape(value, row: dict) -> str | None:
 
 
 JUDGES["lab03-heldout-mape"] = lab03_heldout_mape
+
+
+# ---------------------------------------------------------------- lab 02: the hidden text's perplexity
+
+def lab02_hidden_ppl(value, row: dict) -> str | None:
+    """Lab 02's design-kv-ppl-hidden: ``value`` is the perplexity of every hidden window through the student's
+    low-bit cache; it may be at most ``row["at_most"]`` over the float32 cache's on the same windows through the same
+    path, which the instructors' file holds (autograder/hidden/kv_text.json, measured by autograder/design/lab02.py)
+    and the kernel never sees.  The message gives the increase, not the yardstick."""
+    import json
+    import math
+
+    from .hidden_spec import HIDDEN_DIR
+
+    label = row["label"]
+    try:
+        float32_ppl = json.loads((HIDDEN_DIR / "kv_text.json").read_text())["float32_perplexity"]
+    except (OSError, KeyError, ValueError):
+        return f"{label}: the grader has no hidden text to judge against (autograder/hidden/ is missing)"
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+        return f"{label}: expected a positive, finite perplexity, got {value!r}"
+    increase = value / float32_ppl - 1
+    if increase <= row["at_most"]:
+        return None
+    return (f"{label}: {increase:+.2%} over the float32 cache's perplexity on the same windows through the same path; "
+            f"the limit is +{row['at_most']:.1%}")
+
+
+JUDGES["lab02-hidden-ppl"] = lab02_hidden_ppl

@@ -81,16 +81,12 @@ def test_the_visible_cell_holds_the_file_s_float32_perplexity_and_the_hidden_one
 
 
 def test_the_float32_perplexities_reproduce(model, texts):
-    """The design's float32 cache and the harness's own yardstick (Float32Cache, which measures the hidden text's in
-    the kernel) give the files' figures on the first windows of each text."""
+    """The design's float32 cache gives the files' figures on the first windows of each text: the visible one is
+    typed into its test cell, the hidden one is the grader's yardstick (judges.py)."""
     for name, first in (("visible", 8), ("hidden", 8)):  # the first windows: the path reproduces the files
         windows = [c["prompt_token_ids"] for c in texts[name]["cases"][:first]]
         nlls = lab02_ppl.window_nlls(schemes.FloatCache, schemes.SchemeAttention, model, windows, "float32")
         assert nlls == pytest.approx(texts[name]["float32_window_nlls"][:first], abs=1e-6)
-        mine = lab02_ppl.window_nlls(lab02_ppl.Float32Cache, lab02_ppl.Float32Attention, model, windows, "float32")
-        assert mine == pytest.approx(texts[name]["float32_window_nlls"][:first], abs=1e-6)
-        assert lab02_ppl.float32_perplexity(model, windows) == pytest.approx(
-            lab02_ppl.perplexity(texts[name]["float32_window_nlls"][:first]), rel=1e-9)
 
 
 # ---------------------------------------------------------------- the measuring code
@@ -170,21 +166,29 @@ def test_measuring_rejects_bad_arguments(model, solution):
 
 # ---------------------------------------------------------------- the thresholds have power
 
-def test_the_solution_passes_every_design_test(solution, texts):
+def test_the_solution_passes_every_design_test(solution, texts, monkeypatch):
     cache, backend = solution
     ratio = lab02.check_lowbit_bytes(cache, backend, ENGINE, [256, 37], "the tiny model's shape",
                                      text=lab02.visible_text(16))
     assert ratio == pytest.approx(0.15625)
     lab02.check_lowbit_bytes(cache, backend, lab02.engine_config(3, 8, 2, 64), [100, 7], "GQA", hidden=True)
-    for name in ("visible", "hidden"):
-        windows = [c["prompt_token_ids"] for c in texts[name]["cases"]]
-        _, increase = lab02.check_lowbit_ppl(cache, backend, windows, texts[name]["float32_perplexity"], name)
-        assert 0 < increase < lab02_lowbit.PPL_LIMIT - 0.001, (name, increase)  # a margin of 0.1% at least
-    windows = [c["prompt_token_ids"] for c in texts["hidden"]["cases"][:16]]  # the hidden cell's way: measured here
-    _, measured = lab02.check_lowbit_ppl(cache, backend, windows, what="hidden", hidden=True)
-    _, given = lab02.check_lowbit_ppl(cache, backend, windows, lab02_ppl.perplexity(
-        texts["hidden"]["float32_window_nlls"][:16]), "hidden")
-    assert measured == pytest.approx(given, abs=1e-6)
+    windows = [c["prompt_token_ids"] for c in texts["visible"]["cases"]]
+    _, increase = lab02.check_lowbit_ppl(cache, backend, windows, texts["visible"]["float32_perplexity"], "visible")
+    assert 0 < increase < lab02_lowbit.PPL_LIMIT - 0.001, increase  # a margin of 0.1% at least
+    # The hidden cell's way: the perplexity leaves the kernel, and the grader's judge compares it with the file's.
+    from autograder.judges import JUDGES
+
+    rows = []
+    checks = lab02.check_lowbit_ppl.__globals__["checks"]  # the harness's own notebook_checks, however reloaded
+    monkeypatch.setattr(checks, "observe", lambda label, value, **how: rows.append(dict(how, label=label, value=value)))
+    ppl, none = lab02.check_lowbit_ppl(cache, backend, [c["prompt_token_ids"] for c in texts["hidden"]["cases"]],
+                                       what="kv_text", hidden=True)
+    (row,) = [r for r in rows if r.get("judge") == "lab02-hidden-ppl"]
+    increase = ppl / texts["hidden"]["float32_perplexity"] - 1
+    assert none is None and row["value"] == ppl and 0 < increase < lab02_lowbit.PPL_LIMIT - 0.001, increase
+    assert JUDGES["lab02-hidden-ppl"](row["value"], row) is None
+    too_high = JUDGES["lab02-hidden-ppl"](texts["hidden"]["float32_perplexity"] * 1.006, row)
+    assert too_high and "+0.60% over the float32 cache's perplexity" in too_high and "limit is +0.5%" in too_high
 
 
 def test_the_bytes_are_counted_on_the_engine_s_config_only():

@@ -3,9 +3,9 @@ cache measured and shown beside the token-exact engine. Part of the lab02 harnes
 checks, and lab02_lowbit.py how the bytes and the perplexity are measured.
 
 The yardstick of a perplexity increase is the float32 cache's perplexity on the same windows through the same path
-(``window_nlls``), with ``Float32Cache`` and ``Float32Attention`` below: a visible test cell may give it (the visible
-text's, from data/golden/kv_text.json); otherwise it is measured here, on the windows the cell was given, so that no
-figure of a hidden text enters the notebook.  The increase is observed with its bound, and judged outside the kernel.
+(``window_nlls``): a visible test cell gives it (the visible text's, from data/golden/kv_text.json), and the increase
+is observed with its bound; a hidden text's stays with the grader, which judges the perplexity observed here against
+it (autograder/judges.py), so that no figure of the hidden text enters the notebook.
 """
 from __future__ import annotations
 
@@ -19,50 +19,11 @@ from autograder.labs.lab02_common import require_own_class
 from autograder.labs.lab02_lowbit import (CHUNK, DESIGN_KEY, PPL_LIMIT, VISIBLE_TEXT, Checked, advanced, allocated,
                                           fill, float32_bytes, held_tensors, new_pass, reachable_bytes,
                                           window_nlls)
-from miniengine.attention import causal_attention
 from miniengine.kv import PerSequenceKV
 
 
 def perplexity(nlls) -> float:
     return math.exp(sum(nlls) / len(nlls))  # every window has the same length: the mean of means is the mean
-
-
-class Float32Cache:
-    """The yardstick: one sequence's K and V in float32, as they come ([layers, max_len, kv_heads, head_dim] each)."""
-
-    def __init__(self, config, max_len, dtype=torch.float32, device="cpu"):
-        shape = (config.num_hidden_layers, max_len, config.num_key_value_heads, config.head_dim)
-        self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-        self.max_len, self.length = max_len, 0
-
-
-class Float32Attention:
-    """Each sequence's new K/V stored, then its queries attend over its whole history, as LowBitAttention does."""
-
-    def __init__(self, caches, new_tokens):
-        self.caches, self.new_tokens = list(caches), [int(n) for n in new_tokens]
-
-    def positions(self, device="cpu"):
-        return torch.cat([torch.arange(c.length, c.length + n, device=device) for c, n in zip(self.caches, self.new_tokens)])
-
-    def attend(self, layer, q, k, v):
-        out, start = torch.empty_like(q), 0
-        for cache, n in zip(self.caches, self.new_tokens):
-            rows, total = slice(start, start + n), cache.length + n
-            cache.k[layer, cache.length:total], cache.v[layer, cache.length:total] = k[rows], v[rows]
-            pos = torch.arange(total, device=q.device)
-            out[rows] = causal_attention(q[rows], cache.k[layer, :total], cache.v[layer, :total], pos[cache.length:], pos)
-            start += n
-        return out
-
-    def advance(self):
-        for cache, n in zip(self.caches, self.new_tokens):
-            cache.length += n
-
-
-def float32_perplexity(model, windows) -> float:
-    """The float32 cache's perplexity on the windows, through the tests' own path."""
-    return perplexity(window_nlls(Float32Cache, Float32Attention, model, windows, "the float32 cache"))
 
 
 @torch.no_grad()
@@ -109,26 +70,31 @@ def check_attends_to_what_it_holds(LowBitKVCache, LowBitAttention, model, window
 
 
 def check_lowbit_ppl(LowBitKVCache, LowBitAttention, windows, float32_ppl=None, what="the text",
-                     hidden=False) -> tuple[float, float]:
+                     hidden=False) -> tuple[float, float | None]:
     """Perplexity of the windows through your cache at most PPL_LIMIT over the float32 cache's on the same windows
-    through the same path (float32_ppl, where a visible cell gives it; else measured here); the attention reads what
-    the cache holds. The increase is observed with its bound. Returns (perplexity, increase)."""
+    through the same path; the attention reads what the cache holds.  A visible text gives float32_ppl, and the
+    increase is checked here and observed with its bound.  A hidden text's float32 perplexity never enters the
+    kernel: the perplexity is observed, and the grader judges it against the instructors' file (judges.py,
+    lab02-hidden-ppl).  Returns (perplexity, increase), the increase None for a hidden text."""
     require_own_class(LowBitKVCache, "LowBitKVCache")
     require_own_class(LowBitAttention, "LowBitAttention")
+    if (float32_ppl is None) != hidden:
+        raise ValueError("check_lowbit_ppl: a visible text gives float32_ppl; a hidden one (hidden=True) does not")
     label = f"hidden case {what}" if hidden else what
     with checks.reference_forbidden("your low-bit cache", forbidden=DESIGN_KEY):
         model = checks.load_model()
         check_attends_to_what_it_holds(LowBitKVCache, LowBitAttention, model, windows, f"{label}, windows 0 and 1",
                                        hidden)
         ppl = perplexity(window_nlls(LowBitKVCache, LowBitAttention, model, windows, label, hidden=hidden))
-    given = float32_ppl is not None
-    float32_ppl = float32_ppl if given else float32_perplexity(model, windows)
+    assert math.isfinite(ppl), f"{label} ({len(windows)} windows of {len(windows[0])} tokens): the perplexity is {ppl}"
+    if hidden:
+        checks.observe(f"{label}: perplexity through your cache (the grader compares it with the float32 cache's)",
+                       ppl, at_most=PPL_LIMIT, judge="lab02-hidden-ppl")
+        return ppl, None
     increase = ppl / float32_ppl - 1
-    yardstick = f"the float32 cache's {float32_ppl:.4f}" if given else "the float32 cache's on the same windows"
-    assert math.isfinite(ppl) and increase <= PPL_LIMIT, (
-        f"{label} ({len(windows)} windows of {len(windows[0])} tokens): perplexity "
-        f"{f'{ppl:.4f} ' if given else ''}through your cache, {increase:+.2%} over {yardstick}; the limit is "
-        f"+{PPL_LIMIT:.1%}")
+    assert increase <= PPL_LIMIT, (
+        f"{label} ({len(windows)} windows of {len(windows[0])} tokens): perplexity {ppl:.4f} through your cache, "
+        f"{increase:+.2%} over the float32 cache's {float32_ppl:.4f}; the limit is +{PPL_LIMIT:.1%}")
     checks.observe(f"{label}: perplexity through your cache / the float32 cache's - 1", increase, at_most=PPL_LIMIT)
     return ppl, increase
 
