@@ -20,7 +20,7 @@ VENV_HOME := $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR) $(
 # The venv's bin/ on PATH: nbgrader shells out to alembic (autograder/README.md, nbgrader fact 2).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup sandbox browser lab lab-tools test regress release bench gpu-check clean
+.PHONY: setup sandbox browser lab lab-tools test quick regress release bench gpu-check clean
 
 setup: $(STAMP) $(NO_LSP_SEARCH) $(LAB_OVERRIDES) | $(VENV_HOME)
 
@@ -114,6 +114,11 @@ browser:
 # collection order, the longest first (tests/conftest.py, LONGEST_FIRST), not pytest-xdist's by number of tests.
 test: setup sandbox browser
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+
+# The edit loop: the unit tests and the exactness suite, without the tests marked slow (grading kernels, notebooks,
+# the browser). `make test` stays the one command that runs everything; CI runs it.
+quick: setup
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" -q
 
 regress: setup
 	$(PY) -m autograder regress

@@ -30,6 +30,7 @@ from miniengine.outputs import CompletionOutput, RequestOutput
 from miniengine.paths import TARGET
 from miniengine.plug_check import check
 from miniengine.sampling import SamplingParams
+from miniengine.spec.decoding import SpeculativeDecoder
 from miniengine.tokenizer import IncrementalDetokenizer, load_tokenizer
 
 
@@ -40,7 +41,7 @@ class LLM:
         self._tp_request_ids = itertools.count()
         if self.sharded:
             self._check_tensor_parallel(engine_args)
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args), speculative=SpeculativeDecoder)
         self.model = self.engine.model
         self.tokenizer = load_tokenizer(self.engine.model_dir or TARGET)
         self._texts: dict = {}

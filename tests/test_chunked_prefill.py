@@ -77,6 +77,7 @@ def test_bad_chunked_prefill_settings_are_named(kwargs, words, target):
         LLM(model=target, **kwargs)
 
 
+@pytest.mark.slow  # a whole benchmark or regeneration: make test runs it, make quick does not
 def test_bench_chunked_prints_both_tables_and_the_summary_line():
     """The benchmark itself, one seed (its numbers are measurements, not assertions)."""
     import re

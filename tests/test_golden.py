@@ -1,11 +1,14 @@
 """The golden files: screened, reproducible, and hidden prompts kept out of what students receive."""
 import subprocess
 
+import pytest
+
 from miniengine.course import golden as golden_mod
 from miniengine.paths import REPO_ROOT
 from miniengine.sampling import SamplingParams
 
 
+@pytest.mark.slow  # a whole benchmark or regeneration: make test runs it, make quick does not
 def test_shipped_golden_files_equal_a_fresh_regeneration():
     fresh = golden_mod.build()
     for path, data in fresh.items():

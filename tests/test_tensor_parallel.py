@@ -171,6 +171,7 @@ def test_tensor_parallel_decode_for_llama3_70b_on_8_gpus_by_hand():
     assert one.comm_s == 0 and one.compute_s == pytest.approx(paper.decode(64, 1024).step_time_s)
 
 
+@pytest.mark.slow  # a whole benchmark or regeneration: make test runs it, make quick does not
 def test_bench_tp_prints_its_tables_and_summary_line():
     """The benchmark itself, as short as it goes (its timings are measurements, not assertions)."""
     import subprocess

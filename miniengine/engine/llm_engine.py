@@ -29,7 +29,12 @@ from miniengine.engine.sequence import Sequence
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, keep_logits: bool = False, clock=time.perf_counter, sleep=time.sleep):
+    def __init__(self, config: EngineConfig, keep_logits: bool = False, clock=time.perf_counter, sleep=time.sleep,
+                 speculative=None):
+        """``speculative`` makes the speculative step when ``config.speculative_model`` is set: a callable taking
+        (runner, kv, draft, num_speculative_tokens, verifier, max_num_seqs=, kv_cache_tokens=, block_size=) and
+        returning an object with ``propose_and_verify(batch, live_seq_ids)`` and ``rollback(batch)``.  ``LLM``
+        passes spec/decoding.py's ``SpeculativeDecoder``: the engine never imports spec/, which imports the engine."""
         self.config = config
         self.clock, self.sleep = clock, sleep  # wall time by default; a test may pass a virtual clock
         dtype = config.torch_dtype
@@ -61,7 +66,8 @@ class LLMEngine:
                                    num_speculative_tokens=config.num_speculative_tokens)
         self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits)
         self.requests: dict = {}  # request_id -> Sequence, for the requests not finished yet
-        self.spec = self._speculative_decoder(config, dtype) if config.speculative_model is not None else None
+        self.spec = (self._speculative_decoder(config, dtype, speculative) if config.speculative_model is not None
+                     else None)
         if self.model.device.type == "cuda" and not config.enforce_eager and self.spec is None:
             self.runner.graphs = self._decode_graphs()
 
@@ -80,17 +86,18 @@ class LLMEngine:
                           f"LLM(enforce_eager=True) skips the attempt.", stacklevel=3)
             return None
 
-    def _speculative_decoder(self, config, dtype):
+    def _speculative_decoder(self, config, dtype, make):
         """The speculative step, given what it uses: the target's runner and KV layout, the draft, the budgets."""
-        from miniengine.spec.decoding import SpeculativeDecoder
-
+        if make is None:
+            raise ValueError("speculative_model needs the speculative step: LLMEngine(config, speculative="
+                             "miniengine.spec.decoding.SpeculativeDecoder), as LLM(speculative_model=...) does")
         draft = config.speculative_model
         if not isinstance(draft, torch.nn.Module):
             draft = load_model(resolve_model_dir(draft), dtype=dtype, device=config.device)
         if draft.config.vocab_size != self.model.config.vocab_size:
             raise ValueError(f"the speculative_model's vocabulary ({draft.config.vocab_size} tokens) must be the "
                              f"target's ({self.model.config.vocab_size})")
-        return SpeculativeDecoder(self.runner, self.kv, draft, config.num_speculative_tokens,
+        return make(self.runner, self.kv, draft, config.num_speculative_tokens,
                                   config.speculative_verifier, max_num_seqs=config.max_num_seqs,
                                   kv_cache_tokens=config.kv_cache_tokens, block_size=config.block_size)
 

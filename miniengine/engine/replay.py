@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from miniengine.serving.metrics import RequestTimeline
+from miniengine.timeline import RequestTimeline
 from miniengine.sampling import SamplingParams
 from miniengine.engine.sequence import Sequence
 

@@ -17,8 +17,9 @@ token; goodput counts only requests that met their SLO, because a reply that
 arrives 30 s late is not a success.  Report tails (P90, P99), not means: one slow
 call in twenty sinks an agent that makes twenty calls.
 
-Any engine fills a ``RequestTimeline`` (the simulator in ``sim.py`` does, on the
-cost model's clock); everything here is computed from those timestamps alone.
+Any engine fills a ``RequestTimeline`` (miniengine/timeline.py, below the engine, so that the engine records
+times without importing serving; the simulator in ``simulator.py`` fills them on the cost model's clock);
+everything here is computed from those timestamps alone.
 """
 from __future__ import annotations
 
@@ -28,37 +29,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-
-@dataclasses.dataclass
-class RequestTimeline:
-    """When things happened to one request, in seconds on one clock (wall or simulated)."""
-
-    arrival: float
-    prompt_tokens: int = 0
-    token_times: list[float] = dataclasses.field(default_factory=list)  # when each output token was emitted
-    scheduled: float | None = None  # when its prefill started: the end of queueing
-    finish: float | None = None  # when it completed; None means "at its last token"
-    request_id: object = None
-
-    def record_token(self, t: float) -> None:
-        """Called by an engine each time this request emits a token."""
-        if self.token_times and t < self.token_times[-1]:
-            raise ValueError(f"token times must not decrease, got {t} after {self.token_times[-1]}")
-        self.token_times.append(t)
-
-    @property
-    def output_tokens(self) -> int:
-        return len(self.token_times)
-
-    @property
-    def first_token_time(self) -> float:
-        if not self.token_times:
-            raise ValueError(f"request {self.request_id!r} has no output tokens yet")
-        return self.token_times[0]
-
-    @property
-    def finish_time(self) -> float:
-        return self.finish if self.finish is not None else self.token_times[-1] if self.token_times else math.nan
+from miniengine.timeline import RequestTimeline  # noqa: F401 - where every metric reads its timestamps
 
 
 # ---------------------------------------------------------------- per request
