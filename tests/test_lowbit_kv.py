@@ -7,6 +7,7 @@ lab's harness (autograder/labs/lab02_lowbit.py, lab02_ppl.py), which ships.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import re
 import textwrap
@@ -179,7 +180,8 @@ def test_the_solution_passes_every_design_test(solution, texts, monkeypatch):
     from autograder.judges import JUDGES
 
     rows = []
-    checks = lab02.check_lowbit_ppl.__globals__["checks"]  # the harness's own notebook_checks, however reloaded
+    # the harness's own notebook_checks, however reloaded, and whether or not pristine has wrapped the check
+    checks = inspect.unwrap(lab02.check_lowbit_ppl).__globals__["checks"]
     monkeypatch.setattr(checks, "observe", lambda label, value, **how: rows.append(dict(how, label=label, value=value)))
     ppl, none = lab02.check_lowbit_ppl(cache, backend, [c["prompt_token_ids"] for c in texts["hidden"]["cases"]],
                                        what="kv_text", hidden=True)
