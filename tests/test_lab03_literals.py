@@ -15,7 +15,7 @@ import pytest
 from miniengine.serving import metrics, simulator as sim
 from miniengine.paths import REPO_ROOT
 from miniengine.cost.roofline import GPUS, CostModel
-from lab_literals import Harness, observed, LLAMA3_8B
+from lab_literals import LLAMA3_8B, cell_calls, observed
 
 LAB03 = REPO_ROOT / "labs" / "lab03_roofline" / "lab03_roofline.ipynb"
 # Lab 03's answer cells, run in this order after the setup cell to give the solution's functions and answers.
@@ -46,10 +46,7 @@ def lab03():
 def lab03_calls(lab03, grade_id: str) -> list:
     """The harness calls test cell ``grade_id`` makes, its names bound to the solution's (the cell's own inputs)."""
     lab, ns = lab03
-    source = "".join(ln for ln in lab03_sources()[grade_id].splitlines(True) if "importlib" not in ln)
-    calls: list = []
-    exec(source, dict(ns, lab=Harness(lab, calls)))
-    return calls
+    return cell_calls(lab, ns, lab03_sources()[grade_id])
 
 
 def course_run(cfg, gpu: str, work: dict, policy, seats: int) -> dict:

@@ -11,7 +11,7 @@ import pytest
 from miniengine.serving import metrics, simulator as sim
 from miniengine.paths import REPO_ROOT
 from miniengine.cost.roofline import GPUS, CostModel
-from lab_literals import Harness, observed
+from lab_literals import cell_calls, observed
 
 LAB04 = REPO_ROOT / "labs" / "lab04_continuous_batching" / "lab04_continuous_batching.ipynb"
 LAB04_RUNS = {  # the same runs as the cells: workload (n, rate, seed), GPU, seats, tokens per step
@@ -82,10 +82,7 @@ def lab04():
 
 def lab04_calls(lab04, grade_id: str) -> list:
     lab, ns = lab04
-    source = "".join(ln for ln in lab04_cells()[grade_id].splitlines(True) if "importlib" not in ln)
-    calls: list = []
-    exec(source, dict(ns, lab=Harness(lab, calls)))
-    return calls
+    return cell_calls(lab, ns, lab04_cells()[grade_id])
 
 
 @pytest.mark.parametrize("grade_id", sorted(LAB04_HIDDEN_ANSWERS) + ["sim-hidden"])
