@@ -31,10 +31,11 @@ os.environ.setdefault("AUTOGRADER_SHEETS_DIR", str(_SHEETS))
 # whose limits are loose (60 s and 30 s a cell), go first, side by side; the planted-bug run, with 10 s a
 # cell, after them. Seconds: the last whole run on this 2-core machine.
 LONGEST_FIRST = (
-    "test_autograder_verify.py",    # 320 s: every lab's solution and stub graded, before the design baselines
-    "test_regress.py",              # 155 s: every lecture
-    "test_autograder_fixtures.py",  # 363 s: the planted-bug submissions, graded in one run
-    "test_autograder_cli.py",       # 169 s: a student's release, check and grade; limits; messages
+    "test_autograder_verify.py",    # 344 s: every lab's solution and stub graded, before the design baselines
+    "test_regress.py",              # 210 s: every lecture
+    "test_autograder_fixtures.py",  # 360 s: the planted-bug submissions, graded in one run
+    "test_kernel_probes.py",        # 185 s: nine labs released, 17 attacks graded
+    "test_autograder_cli.py",       # 190 s: a student's release, check and grade; limits; messages
     "test_browser.py",              # 81 s
     "test_golden.py",               # 61 s
     "test_tensor_parallel.py",      # 55 s

@@ -263,7 +263,7 @@ def test_leaks_reads_text_through_syntax_highlighting(tmp_path):
 # ---------------------------------------------------------------- the command line, from anywhere
 
 def run_cli(*args, cwd):
-    from test_autograder_support import isolated_env
+    from autograder_support import isolated_env
 
     return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120, env=isolated_env(cwd))

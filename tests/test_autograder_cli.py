@@ -13,7 +13,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from autograder import results
-from test_autograder_support import REPO, explain, isolated_env, run_cli
+from autograder_support import REPO, explain, isolated_env, run_cli
 
 pytestmark = pytest.mark.slow
 LAB = "lab01_naive_decode"
@@ -92,7 +92,7 @@ def stopped(tmp_path_factory):
 
     import psutil
 
-    from test_autograder_support import FIXTURES
+    from autograder_support import FIXTURES
 
     work = tmp_path_factory.mktemp("limits")
     for student in ("slow", "victim"):

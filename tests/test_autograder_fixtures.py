@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fixture_cells import copy_fixture_set, course_cells
 from autograder.lab_prep import LEAVE_OUT_ENV
-from test_autograder_support import FIXTURES, REPO, explain, normal_user, run_cli, user_env
+from autograder_support import FIXTURES, REPO, explain, normal_user, run_cli, user_env
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from autograder import results
-from test_autograder_support import REPO, explain, isolated_env, run_cli
+from autograder_support import REPO, explain, isolated_env, run_cli
 
 pytestmark = pytest.mark.slow
 LAB = "lab01_naive_decode"

@@ -14,7 +14,7 @@ import json
 import nbformat
 import pytest
 
-from test_autograder_support import explain, isolated_env, run_cli
+from autograder_support import explain, isolated_env, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from autograder.design import lab02 as design
 from autograder.design import lab02_schemes as schemes
 from autograder.labs import lab02, lab02_lowbit, lab02_ppl
 from miniengine.kv.contiguous import KVCache
-from test_autograder_support import REPO
+from autograder_support import REPO
 
 SOURCE = REPO / "labs" / "lab02_kv_cache" / "lab02_kv_cache.ipynb"
 TARGET = lab02.target_config()  # a bare config: what fill() and Task 1 take

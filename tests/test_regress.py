@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from test_autograder_support import REPO, explain, isolated_env, run_cli
+from autograder_support import REPO, explain, isolated_env, run_cli
 
 pytestmark = pytest.mark.slow
 

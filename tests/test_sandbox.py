@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from autograder import bubblewrap, hidden_spec, isolation, layout
-from test_autograder_support import REPO
+from autograder_support import REPO
 
 HIDDEN = REPO / "autograder" / "hidden"
 
