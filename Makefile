@@ -69,9 +69,9 @@ $(STAMP): pyproject.toml constraints.txt
 	C(config_dir='$(VENV)/etc/jupyter/labconfig').update('page_config', {'disabledExtensions': off, 'lockedExtensions': off})"
 	touch $(STAMP)
 
-# The student edition (autograder publish) has no autograder/release.py: its labs/ are the released notebooks already.
+# The student edition (autograder publish) has no autograder/edition/release.py: its labs/ are the released notebooks already.
 lab: setup
-	@if [ -f autograder/release.py ] && $(PY) -c "import autograder.cli" 2>/dev/null; then $(PY) -m autograder release --if-missing; fi
+	@if [ -f autograder/edition/release.py ] && $(PY) -c "import autograder.cli" 2>/dev/null; then $(PY) -m autograder release --if-missing; fi
 	@$(MAKE) --no-print-directory lab-tools
 	$(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
@@ -79,8 +79,8 @@ lab: setup
 # for this instructor edition; a student's JupyterLab goes without them, locked so that its plugin manager cannot
 # turn them back on. What `jupyter labextension disable` / `lock` and `jupyter server extension disable` write, written
 # directly (those commands take half a minute on two busy cores), into the venv's config folder: every checkout has
-# its own venv. tests/test_browser.py runs this rule with EDITION=... and a LAB_CONFIG_DIR of its own.
-EDITION ?= $(if $(wildcard autograder/release.py),instructor,student)
+# its own venv. tests/notebooks/test_browser.py runs this rule with EDITION=... and a LAB_CONFIG_DIR of its own.
+EDITION ?= $(if $(wildcard autograder/edition/release.py),instructor,student)
 LAB_CONFIG_DIR ?= $(VENV)/etc/jupyter
 INSTRUCTOR_LAB_PLUGINS := @jupyter/nbgrader:menu @jupyter/nbgrader:create-assignment @jupyter/nbgrader:formgrader
 lab-tools:
@@ -92,7 +92,7 @@ lab-tools:
 	  {'ServerApp': {'jpserver_extensions': {'nbgrader.server_extensions.formgrader': not off}}}); \
 	print('JupyterLab, $(EDITION) edition: nbgrader\'s instructor tools', 'off' if off else 'on')"
 
-# `grade` runs every submission's kernel in a bubblewrap sandbox (autograder/bubblewrap.py) and refuses to
+# `grade` runs every submission's kernel in a bubblewrap sandbox (autograder/sandbox/bubblewrap.py) and refuses to
 # grade without one; as root on Debian/Ubuntu this installs it where it is missing.
 sandbox:
 	@command -v bwrap >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -100,14 +100,14 @@ sandbox:
 	  apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }; \
 	else echo "note: bubblewrap (bwrap) is missing; grading needs it: install the bubblewrap package as root"; fi; }
 
-# tests/test_browser.py drives JupyterLab in headless Chromium (Playwright, from the test extra, uses Debian's
+# tests/notebooks/test_browser.py drives JupyterLab in headless Chromium (Playwright, from the test extra, uses Debian's
 # chromium: Playwright's own browser download is not needed); as root on Debian/Ubuntu this installs it where missing.
 # The student edition (autograder publish) has no browser test, so nothing is installed there.
 browser:
-	@[ ! -f tests/test_browser.py ] || command -v chromium >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	@[ ! -f tests/notebooks/test_browser.py ] || command -v chromium >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "== installing chromium (the browser test) =="; \
 	  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; \
-	else echo "note: chromium is missing; tests/test_browser.py skips without it: install the chromium package as root"; fi; }
+	else echo "note: chromium is missing; tests/notebooks/test_browser.py skips without it: install the chromium package as root"; fi; }
 
 # Two pytest workers, a test file each at a time: most of the suite waits on kernels and notebooks, so the two
 # cores are half idle with one (10.1 min against 7.5 min, measured on this 2-core machine). Files go out in

@@ -18,7 +18,7 @@ Modules, one concept each, by subsystem:
 * the grading pipeline: ``submissions`` (what a grade PATH contains), ``assembly`` (the lab's release with the
   submission's answers), ``answer_policy/`` (what an answer cell may do), ``lab_prep`` (hidden inputs),
   ``grading`` and ``worker`` (one isolated nbgrader course per student), ``sheets``, ``verdicts`` and ``judges``
-  (verdicts outside the kernel), ``hidden_spec`` and ``messages`` (hidden outputs and what a message may say),
+  (verdicts outside the kernel), ``hidden_outputs`` and ``messages`` (hidden outputs and what a message may say),
   ``results`` (statuses, CSV, JSON, the table), ``feedback``;
 * the student edition: ``release``, ``publish``, ``colab`` (badges and setup cells), ``book``;
 * course QA: ``verify``, ``regress``, ``bench``, ``design/`` (the design parts' references and baselines, never

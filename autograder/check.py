@@ -1,7 +1,7 @@
 """``check NOTEBOOK``: a student's own run of the visible tests, outside JupyterLab.
 
 Runs the notebook the grader will run, in a fresh kernel: the lab's release with the student's answer cells in
-it (autograder/assembly.py), each answer cell read first by the answer policy (autograder/answer_policy.py), so a
+it (autograder/notebooks/assembly.py), each answer cell read first by the answer policy (autograder/answer_policy.py), so a
 cell the student added, a given or test cell they edited, or an answer the policy refuses, is treated here as the
 grader will treat it, and said so.  The notebook file itself is not modified.  Then it prints every test cell's
 result the way the grader would judge it.  Hidden test cells are empty in the student edition: they are listed,
@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from . import assembly, environment, layout, results
-from .sandbox import MEMORY_ENV
+from autograder.notebooks import assembly
+from autograder import environment, course_paths, results
+from autograder.kernel_limits import MEMORY_ENV
 
 # What nbgrader's autograde puts in the environment of the kernel that grades (nbgrader/converters/autograde.py).
 # The labs' timing cells run their short version when NBGRADER_EXECUTION is set (autograder/README.md, Notebook
@@ -35,19 +36,19 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
     import nbformat
     from nbgrader.utils import compute_checksum, determine_grade
 
-    from .execute import GuardedExecute, kernel_arguments
+    from autograder.notebooks.execute import GuardedExecute, kernel_arguments
 
     notebook = Path(notebook)
     if not notebook.is_file():
-        raise layout.LabError(f"{notebook}: no such notebook")
+        raise course_paths.LabError(f"{notebook}: no such notebook")
     try:
         nb = nbformat.read(notebook, as_version=4)
         nbformat.validate(nb)
     except Exception as e:
-        raise layout.LabError(f"{notebook}: not a readable notebook ({type(e).__name__}: {str(e)[:200]})") from None
+        raise course_paths.LabError(f"{notebook}: not a readable notebook ({type(e).__name__}: {str(e)[:200]})") from None
     tests = results.test_cells(nb)
     if not tests:
-        raise layout.LabError(f"{notebook}: no test cells found (is this a lab notebook?)")
+        raise course_paths.LabError(f"{notebook}: no test cells found (is this a lab notebook?)")
 
     environment.prepare()
     os.environ.setdefault(MEMORY_ENV, str(memory_gb))
@@ -116,7 +117,7 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
 def save_own(notebook: Path, nb, outcomes: dict) -> None:
     """Save the student's graded cells as mine/labNN.py, with these results, for the labs' last cells (autograder/own/)."""
     try:
-        from . import own
+        from autograder import own
 
         line = own.record_check(notebook, nb, outcomes)
     except Exception as e:  # a service to the student: it never changes what check reports
@@ -130,7 +131,7 @@ def find_template(nb):
     import nbformat
 
     ids = {t.grade_id for t in results.test_cells(nb)}
-    for lab in layout.all_labs():
+    for lab in course_paths.all_labs():
         if not ids or not ids <= {t.grade_id for t in results.test_cells(nbformat.read(lab.source, as_version=4))}:
             continue
         try:
@@ -147,7 +148,7 @@ def restore_test_cells(nb, edited: set[str]) -> set[str]:
 
     if not edited:
         return set()
-    for lab in layout.all_labs():
+    for lab in course_paths.all_labs():
         if not lab.release.exists():
             continue
         originals = {t.grade_id: t.source for t in results.test_cells(nbformat.read(lab.release, as_version=4))}

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import layout
+from autograder import course_paths
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,20 +38,22 @@ def _positive(kind, allow_zero=False):
 
 
 def cmd_release(args) -> int:
-    from . import environment, release
+    from autograder import environment
+    from autograder.edition import release
 
     environment.prepare()
     return release.release(args.labs, if_missing=args.if_missing, force=args.force)
 
 
 def cmd_grade(args) -> int:
-    from . import grading, results
+    from autograder.grade import autograde
+    from autograder import results
 
-    graded = grading.grade(Path(args.path), lab=args.lab, workers=args.workers, timeout=args.timeout,
+    graded = autograde.grade(Path(args.path), lab=args.lab, workers=args.workers, timeout=args.timeout,
                            memory_gb=args.memory_gb, time_limit=args.notebook_timeout, student=args.student,
                            keep=args.keep, sandbox=not args.unsafe_no_sandbox, as_submitted=args.as_submitted)
     labs = sorted({r.lab for r in graded})
-    out = Path(args.out) if args.out else layout.COURSE / "grades" / (labs[0] if len(labs) == 1 else "all")
+    out = Path(args.out) if args.out else course_paths.COURSE / "grades" / (labs[0] if len(labs) == 1 else "all")
     csv_path, json_path, kept = results.write_reports(graded, out)
     results.log_run(out, graded)
     print()
@@ -62,50 +64,50 @@ def cmd_grade(args) -> int:
 
 
 def cmd_feedback(args) -> int:
-    from . import feedback
+    from autograder.grade import feedback
 
     return feedback.feedback(args.labs, students=args.student)
 
 
 def cmd_check(args) -> int:
-    from . import check
+    from autograder import check
 
     return check.check(Path(args.notebook), timeout=args.timeout)
 
 
 def cmd_verify(args) -> int:
-    from . import verify
+    from autograder.qa import verify
 
     return verify.verify(args.labs, workers=args.workers, timeout=args.timeout)
 
 
 def cmd_regress(args) -> int:
-    from . import regress
+    from autograder.qa import regress
 
     return regress.regress(args.notebooks, workers=args.workers, timeout=args.timeout, out=Path(args.out) if args.out else None,
                            device=args.device)
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from autograder.qa import bench
 
     return bench.bench(copies=args.copies, workers=args.workers, lab=args.lab)
 
 
 def cmd_publish(args) -> int:
-    from . import publish
+    from autograder.edition import publish
 
     return publish.publish(Path(args.out), force=args.force)
 
 
 def cmd_colab(args) -> int:
-    from . import colab
+    from autograder.edition import colab
 
     return colab.sync(args.notebooks, check=args.check)
 
 
 def cmd_book(args) -> int:
-    from . import book
+    from autograder.edition import book
 
     return book.book(Path(args.out) if args.out else None, workers=args.workers, timeout=args.timeout)
 
@@ -193,23 +195,30 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except layout.LabError as e:
+    except course_paths.LabError as e:
         return _fail(f"python -m autograder {args.command}: error: {e}")
     except ImportError as e:
         missing = _missing_module(e)
         if not missing:
             raise
-        return _fail(f"python -m autograder {args.command}: not in the student edition (autograder/{missing}.py is instructors' code)")
+        return _fail(f"python -m autograder {args.command}: not in the student edition ({missing} is instructors' code)")
     except KeyboardInterrupt:
         return _fail(f"python -m autograder {args.command}: interrupted")
 
 
 def _missing_module(e: ImportError) -> str | None:
-    """The autograder module whose absence caused ``e``, else None: the student edition (``publish``) ships only what check needs."""
+    """The part of autograder/ whose absence caused ``e`` (``grade/``), else None.
+
+    The student edition (``publish``) ships the top level and the shipped packages only (``SHIPPED_PACKAGES`` in
+    autograder/edition/publish.py): an instructor's verb there finds its folder missing.
+    """
     if isinstance(e, ModuleNotFoundError) and (e.name or "").startswith("autograder."):
         name = e.name.split(".")[1]
     elif e.name == "autograder" and (m := re.match(r"cannot import name '(\w+)'", str(e))):
-        name = m.group(1)  # `from . import verify` when verify.py is absent
+        name = m.group(1)  # `from autograder import verify` where no such module is
     else:
         return None
-    return None if (Path(__file__).parent / f"{name}.py").exists() else name
+    here = Path(__file__).parent
+    if (here / name).is_dir() or (here / f"{name}.py").exists():
+        return None
+    return f"autograder/{name}"

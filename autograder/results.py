@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from .execute import KERNEL_DIED, NOT_RUN, TIMEOUT
+from autograder.notebooks.execute import KERNEL_DIED, NOT_RUN, TIMEOUT
 
 PASSED, FAILED, ERROR, TIMED_OUT, MISSING, CORRUPT = (
     "passed", "failed", "error", "timeout", "missing test cell", "corrupt notebook")
@@ -52,7 +52,7 @@ class StudentResult:
     tests: list[TestResult]
     notes: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
-    sandbox: str = "bubblewrap-root"  # or "bubblewrap-userns" (autograder.isolation), or "none": --unsafe-no-sandbox
+    sandbox: str = "bubblewrap-root"  # or "bubblewrap-userns" (autograder.sandbox.isolation), or "none": --unsafe-no-sandbox
     memory_cap: str = ""  # e.g. "cgroup v1 memory.limit_in_bytes 6 GB", "RLIMIT_AS 6 GB per process"
     refusals: list[str] = dataclasses.field(default_factory=list)  # answer cells the policy refused (answer_policy)
     notebook: str = "assembled"  # the course's notebook with the answers (assembly); "as submitted": --as-submitted

@@ -1,3 +1,14 @@
+"""Shared fixtures and settings for every test. The folders mirror the source:
+
+* ``engine/``: miniengine's core (model, attention, sampling, the KV layouts, the engine, serving, spec, TP);
+* ``course/``: the course tooling in miniengine/course/ (golden files, training, plots, the command line);
+* ``autograder/``: the grading side, its design parts, the kernel probes and the planted-bug fixtures (``fixtures/``);
+* ``notebooks/``: the lectures' and labs' conventions, and JupyterLab in a browser.
+
+A test file is named ``test_<the module or subject it tests>.py``; a helper module is not named ``test_*``. A file
+marked ``student_edition`` ships in the student edition (autograder/edition/publish.py), so it may read no hidden data,
+no lab source and import no instructors' code (tests/autograder/test_publish.py checks each).
+"""
 import json
 import os
 
@@ -16,7 +27,7 @@ torch.set_num_threads(1)
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_name] = "1"
 
-# Answer sheets (autograder/sheets.py) are named by a hash of everything they depend on, so every test and every
+# Answer sheets (autograder/grade/sheets.py) are named by a hash of everything they depend on, so every test and every
 # run of the suite can share them: the first grading of a lab makes its sheet, the others read it. A folder of
 # the checkout's build/ (git-ignored), open to the throwaway account that grades as a normal user.
 _SHEETS = REPO_ROOT / "build" / "test-sheets"
@@ -31,21 +42,22 @@ os.environ.setdefault("AUTOGRADER_SHEETS_DIR", str(_SHEETS))
 # whose limits are loose (60 s and 30 s a cell), go first, side by side; the planted-bug run, with 10 s a
 # cell, after them. Seconds: the last whole run on this 2-core machine.
 LONGEST_FIRST = (
-    "test_autograder_verify.py",    # 344 s: every lab's solution and stub graded, before the design baselines
-    "test_regress.py",              # 210 s: every lecture
-    "test_autograder_fixtures.py",  # 360 s: the planted-bug submissions, graded in one run
-    "test_kernel_probes.py",        # 185 s: nine labs released, 17 attacks graded
-    "test_autograder_cli.py",       # 190 s: a student's release, check and grade; limits; messages
-    "test_browser.py",              # 81 s
-    "test_golden.py",               # 61 s
-    "test_tensor_parallel.py",      # 55 s
-    "test_student_check.py",        # 34 s
+    "autograder/test_verify.py",          # 344 s: every lab's solution and stub graded, before the design baselines
+    "autograder/test_regress.py",         # 210 s: every lecture
+    "autograder/test_fixtures.py",        # 360 s: the planted-bug submissions, graded in one run
+    "autograder/test_kernel_probes.py",   # 185 s: nine labs released, 17 attacks graded
+    "autograder/test_cli.py",             # 190 s: a student's release, check and grade; limits; messages
+    "notebooks/test_browser.py",          # 81 s
+    "course/test_golden.py",              # 61 s
+    "engine/test_tensor_parallel.py",     # 55 s
+    "autograder/test_check.py",           # 34 s
 )
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    items.sort(key=lambda item: rank.get(os.path.relpath(item.path, TESTS), len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)

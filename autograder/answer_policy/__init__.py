@@ -24,14 +24,14 @@ the refusal names the cell, the line and the construct.
     cells' modules that are machinery (the Colab cell's ``sys``); no module-level rebinding of a name the given
     cells define, or of a Python built-in (``print``, ``float``, ``isinstance``), which the test cells use.
 
-Every answer in the course passes (tests/test_answer_policy.py); the rules are about reach, not style.
+Every answer in the course passes (tests/autograder/test_answer_policy.py); the rules are about reach, not style.
 
 ``rules`` holds the rules, ``context`` reads what a lab's own cells define, ``checker`` reads the answers.
 """
 from __future__ import annotations
 
-from .checker import check_answers, own_private_names
-from .context import Lab, answer_keys, lab_of, parse
-from .rules import HARNESS_NAMES, Refusal
+from autograder.answer_policy.checker import check_answers, own_private_names
+from autograder.answer_policy.context import Lab, answer_keys, lab_of, parse
+from autograder.answer_policy.rules import HARNESS_NAMES, Refusal
 
 __all__ = ["HARNESS_NAMES", "Lab", "Refusal", "answer_keys", "check_answers", "lab_of", "own_private_names", "parse"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import ast
 import symtable
 
-from .context import Lab, _bindings, _top, parse
-from .rules import (ATTRIBUTE_BUILTINS, BUILTIN_NAMES, DOORS, FORBIDDEN_CALLS, FORMAT_DUNDER, FRAME_ATTRIBUTES,
+from autograder.answer_policy.context import Lab, _bindings, _top, parse
+from autograder.answer_policy.rules import (ATTRIBUTE_BUILTINS, BUILTIN_NAMES, DOORS, FORBIDDEN_CALLS, FORMAT_DUNDER, FRAME_ATTRIBUTES,
                     MACHINERY, PLAIN_DUNDERS, STANDARD, TAKEOVER_METHODS, Refusal)
 
 SCOPES = {ast.FunctionDef: None, ast.AsyncFunctionDef: None, ast.ClassDef: None, ast.Lambda: "lambda",

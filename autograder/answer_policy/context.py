@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from .rules import HARNESS_NAMES, MACHINERY
+from autograder.answer_policy.rules import HARNESS_NAMES, MACHINERY
 
 @dataclasses.dataclass
 class Lab:
@@ -84,10 +84,10 @@ def answer_keys() -> set[tuple[str, str]]:
     """Every (module, name) an answer-key dict of the harnesses names (autograder/labs/*.py, the shared guard)."""
     from pathlib import Path
 
-    from autograder.checks.guard import FORBIDDEN
+    from autograder.notebook_checks.guard import FORBIDDEN
 
     keys = {(m, n) for m, names in FORBIDDEN.items() for n in names}
-    for path in sorted((Path(__file__).resolve().parents[1] / "labs").glob("*.py")):
+    for path in sorted((Path(__file__).resolve().parents[1] / "labs").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Dict) and node.keys and all(
                     isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value.startswith("miniengine.")

@@ -10,14 +10,14 @@ screen, and a fix to a check is made once, here, for the visible and the hidden 
 ``pristine`` reloads the helper modules and then the harness, every time: a student's cell that patched a
 check (``lab.check_kv_bytes = lambda *a: None``) or a helper it uses is undone before the next test runs.
 In the grading sandbox these files are read-only, and the hidden cells' results are compared outside it
-(autograder/hidden_spec.py), so a patched harness can fool only the student's own visible run.
+(autograder/hidden_outputs.py), so a patched harness can fool only the student's own visible run.
 """
 from __future__ import annotations
 
 import importlib
 
 # Reloaded first, in this order (each one's dependencies before it), then the lab's harness.
-HELPERS = ("json", "autograder.hidden_spec", "autograder.notebook_checks")
+HELPERS = ("json", "autograder.hidden_outputs", "autograder.notebook_checks")
 
 
 def pristine(lab: str):
@@ -27,8 +27,8 @@ def pristine(lab: str):
     for name in HELPERS:
         importlib.reload(importlib.import_module(name))
     module = importlib.reload(importlib.import_module(f"{__name__}.{lab}"))
-    # Each check hands what it observed to the grader when it returns or raises (autograder/checks/ledger.py).
-    ledger = importlib.import_module("autograder.checks.ledger")
+    # Each check hands what it observed to the grader when it returns or raises (autograder/notebook_checks/ledger.py).
+    ledger = importlib.import_module("autograder.notebook_checks.ledger")
     for name, obj in list(vars(module).items()):
         if name.startswith(("check_", "report_")) and callable(obj) and not hasattr(obj, "__wrapped__"):
             setattr(module, name, ledger.reported(obj))

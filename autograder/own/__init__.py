@@ -25,8 +25,8 @@ tests' results it got (``record_check``).  ``my_cost_model(config)`` is Lab 03's
 """
 from __future__ import annotations
 
-from .assemble import my_cost_model
-from .save import from_check as record_check
+from autograder.own.assemble import my_cost_model
+from autograder.own.save import from_check as record_check
 
 __all__ = ["my_engine", "my_cost_model", "record_check"]
 
@@ -35,15 +35,15 @@ def course_llm():
     """The course's engine on the target model, every part the course's."""
     from miniengine import LLM
 
-    from .assemble import _target
+    from autograder.own.assemble import _target
 
     return LLM(model=_target(), device="cpu")
 
 
 def my_engine(lab, namespace: dict, serve: bool = True):
     """Save lab's graded parts, build LLM from yours of labs 1..lab, print the table, serve the golden prompts."""
-    from . import registry
-    from .status import first_line
+    from autograder.own import registry
+    from autograder.own.status import first_line
 
     n = registry.lab_number(lab)
     if registry.grading():
@@ -58,8 +58,8 @@ def my_engine(lab, namespace: dict, serve: bool = True):
 
 
 def _my_engine(n: int, namespace: dict, serve: bool):
-    from . import assemble, parts, registry, report, save
-    from .status import first_line
+    from autograder.own import assemble, parts, registry, report, save
+    from autograder.own.status import first_line
 
     try:
         path, lost, wrote = save.from_kernel(n, namespace)
@@ -88,8 +88,8 @@ def _my_engine(n: int, namespace: dict, serve: bool):
 def _fall_back(verdicts, n, cases, refused, served):
     """The golden runs differed: find the student's part to blame by serving again without it, newest first, among
     those no engine test has confirmed; failing that, without all of them.  Returns (llm, refused, replaced, served)."""
-    from . import assemble, report
-    from .registry import PLUGGED
+    from autograder.own import assemble, report
+    from autograder.own.registry import PLUGGED
 
     plugged = [k for k, v in verdicts.items() if v.part.kind == PLUGGED and v.yours and k not in refused
                and assemble.placement(k, n) == "in this LLM"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from .status import first_line
+from autograder.own.status import first_line
 
 NUM_BLOCKS, BLOCK_SIZE = 1024, 4  # 4,096 positions: the visible golden runs all fit at once, in small blocks
 CHUNKED_BUDGET = 64  # tokens per step from Lab 08 on, so that the chunking rule really cuts prompts
@@ -110,7 +110,7 @@ def my_cost_model(config, gpu=None, verbose: bool = True):
     from miniengine.cost.roofline import CostModel
     from miniengine.serving.simulator import CostModelFromFunctions
 
-    from . import parts, registry
+    from autograder.own import parts, registry
 
     def say(text):
         if verbose:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import registry, source, status
-from .registry import CLOCK, PLUGGED, Part
+from autograder.own import registry, source, status
+from autograder.own.registry import CLOCK, PLUGGED, Part
 
 
 @dataclasses.dataclass

@@ -109,15 +109,15 @@ def grading() -> bool:
 
 def mine_dir() -> Path:
     """Where the student's modules live: $MINIENGINE_MINE, else mine/ at the root of this course checkout."""
-    from .. import layout
+    from autograder import course_paths
 
     where = os.environ.get("MINIENGINE_MINE")
-    return Path(where).expanduser().resolve() if where else layout.REPO_ROOT / "mine"
+    return Path(where).expanduser().resolve() if where else course_paths.REPO_ROOT / "mine"
 
 
 def lab_notebook(lab: int) -> Path | None:
     """The lab's notebook in labs/ (the source here, the released one in the student edition), if there is one."""
-    from .. import layout
+    from autograder import course_paths
 
-    found = [lab_.source for lab_ in layout.all_labs() if lab_.name.startswith(f"lab{lab:02d}_")]
+    found = [lab_.source for lab_ in course_paths.all_labs() if lab_.name.startswith(f"lab{lab:02d}_")]
     return found[0] if found else None

@@ -5,8 +5,8 @@ import dataclasses
 import json
 import time
 
-from .registry import APART, CLOCK, LOSSY, PLUGGED
-from .status import first_line
+from autograder.own.registry import APART, CLOCK, LOSSY, PLUGGED
+from autograder.own.status import first_line
 
 
 @dataclasses.dataclass
@@ -80,7 +80,7 @@ WHERE = {CLOCK: "clock", LOSSY: "beside", APART: "apart"}
 
 def where(v, lab: int) -> tuple[str, str]:
     """(where the part is, a note): in LLM, superseded, the simulator's clock, beside (lossy) or apart."""
-    from .assemble import placement
+    from autograder.own.assemble import placement
 
     if v.part.kind == PLUGGED:
         place = placement(v.part.key, lab)

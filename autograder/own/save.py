@@ -5,7 +5,7 @@ import json
 import re
 from pathlib import Path
 
-from . import registry, source, status
+from autograder.own import registry, source, status
 
 
 def graded_names(lab: int) -> list[str]:
@@ -30,10 +30,10 @@ def _given(lab: int) -> tuple[list[str], str]:
 
 def shown_path(path: Path) -> str:
     """A path as a student types it: from the course checkout's root when it is inside it."""
-    from .. import layout
+    from autograder import course_paths
 
     try:
-        return Path(path).resolve().relative_to(layout.REPO_ROOT).as_posix()
+        return Path(path).resolve().relative_to(course_paths.REPO_ROOT).as_posix()
     except ValueError:
         return str(path)
 
