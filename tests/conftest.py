@@ -3,6 +3,7 @@
 * ``engine/``: miniengine's core (model, attention, sampling, the KV layouts, the engine, serving, spec, TP);
 * ``course/``: the course tooling in miniengine/course/ (golden files, training, plots, the command line);
 * ``autograder/``: the grading side, its design parts, the kernel probes and the planted-bug fixtures (``fixtures/``);
+* ``project/``: the repository as a whole: setup files, import contracts, file sizes;
 * ``notebooks/``: the lectures' and labs' conventions, and JupyterLab in a browser.
 
 A test file is named ``test_<the module or subject it tests>.py``; a helper module is not named ``test_*``. A file
