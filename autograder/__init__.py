@@ -11,20 +11,18 @@
     python -m autograder colab [--check]                  the notebooks' Colab badges and setup cells, from pyproject.toml
     python -m autograder book [OUT_DIR]                   the lectures, executed, as static HTML
 
-Modules, one concept each, by subsystem:
+Laid out by subsystem (autograder/README.md, Map); each verb hands off to one folder:
 
-* the sandbox: ``bubblewrap`` (the sandbox itself), ``cgroups`` (memory caps), ``isolation`` (the choice of mode),
-  ``processes`` (leftovers), ``sandbox`` and ``execute`` (the kernel's in-process limits, guarded execution);
-* the grading pipeline: ``submissions`` (what a grade PATH contains), ``assembly`` (the lab's release with the
-  submission's answers), ``answer_policy/`` (what an answer cell may do), ``lab_prep`` (hidden inputs),
-  ``grading`` and ``worker`` (one isolated nbgrader course per student), ``sheets``, ``verdicts`` and ``judges``
-  (verdicts outside the kernel), ``hidden_outputs`` and ``messages`` (hidden outputs and what a message may say),
-  ``results`` (statuses, CSV, JSON, the table), ``feedback``;
-* the student edition: ``release``, ``publish``, ``colab`` (badges and setup cells), ``book``;
-* course QA: ``verify``, ``regress``, ``bench``, ``design/`` (the design parts' references and baselines, never
-  published);
-* plumbing: ``cli``, ``layout`` (where things live), ``environment`` (Jupyter dirs, PATH, threads), ``config``
-  (the nbgrader configuration), ``check`` (a student's own run);
-* inside the kernel: ``notebook_checks`` and ``checks/`` (what the labs' test cells import), ``labs/`` (each lab's
-  harness), ``own/`` (the carry-forward of a student's parts); ``hidden/`` holds the hidden data.
+* the top level (ships to students): ``cli`` and ``check`` (a student's own run), ``course_paths`` (where things
+  live), ``environment`` (Jupyter dirs, PATH, threads), ``results`` (statuses, CSV, JSON, the table),
+  ``hidden_outputs`` (the hidden-output contract), ``kernel_limits`` (a grading kernel's own limits);
+* inside the kernel (ship): ``notebook_checks/`` (what the labs' test cells import), ``labs/`` (one package per lab's
+  harness, ``labs/shared.py`` for what several share), ``own/`` (the carry-forward of a student's parts),
+  ``answer_policy/`` (what an answer cell may do), ``notebooks/`` (nbgrader's config, guarded execution, the
+  assembled notebook, generate_assignment, papermill runs);
+* ``grade/``: the pipeline (submissions, lab_prep, autograde, worker, sheets, verdicts, yardsticks, messages, feedback);
+* ``sandbox/``: bubblewrap, cgroups, the choice of mode (isolation), leftover processes;
+* ``edition/``: release, publish, colab (badges and setup cells), book;
+* ``qa/``: verify, regress, bench, and ``qa/design/`` (the design parts' references and baselines);
+* ``hidden/``: the hidden data. None of the last five ships.
 """

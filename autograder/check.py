@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from autograder.notebooks import assembly
-from autograder import environment, course_paths, results
+from autograder import course_paths, environment, results
 from autograder.kernel_limits import MEMORY_ENV
+from autograder.notebooks import assembly
 
 # What nbgrader's autograde puts in the environment of the kernel that grades (nbgrader/converters/autograde.py).
 # The labs' timing cells run their short version when NBGRADER_EXECUTION is set (autograder/README.md, Notebook

@@ -46,8 +46,8 @@ def cmd_release(args) -> int:
 
 
 def cmd_grade(args) -> int:
-    from autograder.grade import autograde
     from autograder import results
+    from autograder.grade import autograde
 
     graded = autograde.grade(Path(args.path), lab=args.lab, workers=args.workers, timeout=args.timeout,
                            memory_gb=args.memory_gb, time_limit=args.notebook_timeout, student=args.student,

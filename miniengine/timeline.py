@@ -40,3 +40,20 @@ class RequestTimeline:
     @property
     def finish_time(self) -> float:
         return self.finish if self.finish is not None else self.token_times[-1] if self.token_times else math.nan
+
+
+class VirtualClock:
+    """Time moves only when the engine reads it (a fixed tick per call) or sleeps: every run is reproducible.
+
+    Trace replay (``engine.replay(..., clock=VirtualClock())``) on it gives the same timestamps on every machine,
+    which the tests and the labs' checks need; the wall clock is ``time.monotonic``."""
+
+    def __init__(self, tick=0.01):
+        self.t, self.tick = 0.0, tick
+
+    def __call__(self):
+        self.t += self.tick
+        return self.t
+
+    def sleep(self, seconds):
+        self.t += max(0.0, seconds)

@@ -5,8 +5,9 @@ import ast
 import symtable
 
 from autograder.answer_policy.context import Lab, _bindings, _top, parse
-from autograder.answer_policy.rules import (ATTRIBUTE_BUILTINS, BUILTIN_NAMES, DOORS, FORBIDDEN_CALLS, FORMAT_DUNDER, FRAME_ATTRIBUTES,
-                    MACHINERY, PLAIN_DUNDERS, STANDARD, TAKEOVER_METHODS, Refusal)
+from autograder.answer_policy.rules import (ATTRIBUTE_BUILTINS, BUILTIN_NAMES, DOORS, FORBIDDEN_CALLS, FORMAT_DUNDER,
+                                            FRAME_ATTRIBUTES, MACHINERY, PLAIN_DUNDERS, STANDARD, TAKEOVER_METHODS,
+                                            Refusal)
 
 SCOPES = {ast.FunctionDef: None, ast.AsyncFunctionDef: None, ast.ClassDef: None, ast.Lambda: "lambda",
           ast.ListComp: "listcomp", ast.SetComp: "setcomp", ast.DictComp: "dictcomp", ast.GeneratorExp: "genexpr"}

@@ -6,6 +6,7 @@ import dataclasses
 
 from autograder.answer_policy.rules import HARNESS_NAMES, MACHINERY
 
+
 @dataclasses.dataclass
 class Lab:
     """What the lab's own cells define, read from its template notebook (the source or the release)."""

@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from autograder import environment, course_paths
+from autograder import course_paths, environment
 from autograder.notebooks import papermill_runs
 
 

@@ -25,9 +25,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from autograder import course_paths, environment
 from autograder.edition import colab
 from autograder.notebooks import assignments
-from autograder import environment, course_paths
 
 ROOT_FILES = ["Makefile", "pyproject.toml", "constraints.txt", "environment.yml", ".gitignore", ".ci/run"]
 OPTIONAL_ROOT_FILES = ["LICENSE", "LICENSE.md", "LICENSE.txt"]

@@ -25,17 +25,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from autograder.notebooks import assembly
-from autograder.sandbox import cgroups, isolation
-from autograder import environment, course_paths, results
+from autograder import course_paths, environment, results
 from autograder.grade import sheets, submissions, verdicts
-from autograder.grade.lab_prep import LabInfo, load_hidden, prepare_lab, write_hidden_inputs
-from autograder.grade.lab_prep import only_tests as keep_only
+from autograder.grade.lab_prep import LabInfo, load_hidden, only_tests as keep_only, prepare_lab, write_hidden_inputs
+from autograder.grade.messages import (DIED, judge_hidden_outputs, notes_from_log, notes_from_outputs,
+                                       notes_from_submission, redact, safe_message)
+from autograder.notebooks import assembly
 from autograder.notebooks.nbgrader_config import COURSE_ID
-from autograder.grade.messages import (DIED, judge_hidden_outputs, notes_from_log, notes_from_outputs, notes_from_submission, redact, safe_message)
-from autograder.sandbox.processes import kill_tree
 from autograder.results import CORRUPT, ERROR, MISSING, TIMED_OUT, StudentResult
-
+from autograder.sandbox import cgroups, isolation
+from autograder.sandbox.processes import kill_tree
 
 DEFAULT_TIMEOUT = 60     # seconds per cell
 DEFAULT_MEMORY_GB = 6.0  # address space per kernel; torch alone reserves a few GB of it
@@ -198,10 +197,9 @@ def _last_words(proc: subprocess.Popen, seconds: int = 30) -> tuple[str, str]:
 
 def merge(result: StudentResult, root: Path) -> None:
     """Copy one student's grades and files from their private course into course/ (for feedback and formgrader)."""
-    from nbgrader.api import Gradebook, MissingEntry
-
     import warnings
 
+    from nbgrader.api import Gradebook, MissingEntry
     from sqlalchemy.exc import SAWarning
 
     lab, student = result.lab, result.student

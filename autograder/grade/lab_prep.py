@@ -11,11 +11,10 @@ import json
 import os
 from pathlib import Path
 
-from autograder import answer_policy, hidden_outputs, course_paths, results
-from autograder.notebooks import assembly
-from autograder.notebooks import assignments
-from autograder.notebooks.nbgrader_config import nbgrader_api, succeeded
+from autograder import answer_policy, course_paths, hidden_outputs, results
 from autograder.grade.messages import hidden_secrets
+from autograder.notebooks import assembly, assignments
+from autograder.notebooks.nbgrader_config import nbgrader_api, succeeded
 from autograder.results import TestCell
 
 LEAVE_OUT_ENV = "AUTOGRADER_LEAVE_OUT"  # a JSON list of given cells' ids: the course's tests only (prepare_lab)

@@ -13,8 +13,8 @@ import dataclasses
 import math
 
 from autograder import results
-from autograder.notebook_checks.ledger import MIME
 from autograder.grade.yardsticks import JUDGES  # the grader's own comparisons, for truths that never enter the kernel
+from autograder.notebook_checks.ledger import MIME
 
 
 def observations(cell) -> list[dict] | None:

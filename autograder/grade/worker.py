@@ -27,10 +27,11 @@ def main(argv=None) -> int:
     p.add_argument("--sandbox", help="autograder.sandbox.bubblewrap.Sandbox as JSON: start the kernel inside it")
     args = p.parse_args(argv)
 
-    from autograder.notebooks import execute  # noqa: F401  first: nbgrader, below, imports nbformat (execute.skip_iri_grammar)
     from autograder import environment
-    from autograder.notebooks.nbgrader_config import nbgrader_api
     from autograder.kernel_limits import MEMORY_ENV
+    from autograder.notebooks import \
+        execute  # noqa: F401  first: nbgrader, below, imports nbformat (execute.skip_iri_grammar)
+    from autograder.notebooks.nbgrader_config import nbgrader_api
 
     environment.prepare()
     if args.memory_gb:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 
 # Reloaded first, in this order (each one's dependencies before it), then the lab's harness.
-HELPERS = ("json", "autograder.hidden_outputs", "autograder.notebook_checks")
+HELPERS = ("json", "autograder.hidden_outputs", "autograder.notebook_checks", "autograder.labs.shared")
 
 
 def pristine(lab: str):

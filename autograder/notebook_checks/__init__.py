@@ -31,10 +31,13 @@ for _part in (ledger, guard, convert, runs, hidden_report, course_parts):
 
 from autograder.notebook_checks.convert import as_count, as_mask, as_token, as_tokens, show  # noqa: E402
 from autograder.notebook_checks.course_parts import COURSE_PARTS, course_greedy, course_parts_under  # noqa: E402
-from autograder.notebook_checks.guard import (FORBIDDEN, AnswerKeyError, ReferenceCalled, _functions, _resolve, forbidden_call, reference_forbidden, require_own)
+from autograder.notebook_checks.guard import (FORBIDDEN, AnswerKeyError, ReferenceCalled, _functions, _resolve,  # noqa: E402
+                                              forbidden_call, reference_forbidden, require_own)
 from autograder.notebook_checks.hidden_report import HiddenReport, hidden_inputs  # noqa: E402
 from autograder.notebook_checks.ledger import observe  # noqa: E402
-from autograder.notebook_checks.runs import (HIDDEN_GOLDEN, TARGET, VISIBLE_GOLDEN, RecordingModel, check_prefix_recompute, free_run, golden_logits, load_model, load_tokenizer, one_case_per_kind, prompt_logits, tokens_processed)
+from autograder.notebook_checks.runs import (HIDDEN_GOLDEN, TARGET, VISIBLE_GOLDEN, RecordingModel,  # noqa: E402
+                                             check_prefix_recompute, free_run, golden_logits, load_model,
+                                             load_tokenizer, one_case_per_kind, prompt_logits, tokens_processed)
 
 __all__ = ["as_count", "as_mask", "as_token", "as_tokens", "show", "COURSE_PARTS", "course_greedy",
            "course_parts_under", "FORBIDDEN", "AnswerKeyError", "ReferenceCalled", "forbidden_call",

@@ -11,7 +11,6 @@ import torch
 
 from autograder.notebook_checks.guard import forbidden_call
 
-
 # ---------------------------------------------------------------- the course's parts under a graded task
 #
 # A later task calls the functions of earlier tasks by name: ``sample`` calls ``top_k_mask``, ``naive_decode``

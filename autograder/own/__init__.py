@@ -33,9 +33,8 @@ __all__ = ["my_engine", "my_cost_model", "record_check"]
 
 def course_llm():
     """The course's engine on the target model, every part the course's."""
-    from miniengine import LLM
-
     from autograder.own.assemble import _target
+    from miniengine import LLM
 
     return LLM(model=_target(), device="cpu")
 

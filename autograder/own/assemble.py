@@ -107,10 +107,9 @@ def my_cost_model(config, gpu=None, verbose: bool = True):
     GPU): your ``forward_flops``, ``forward_bytes`` and ``step_time`` on that paper GPU, else the course's
     ``CostModel``.  Under grading, always the course's ``CostModel``: a lab is graded on its own.
     """
+    from autograder.own import parts, registry
     from miniengine.cost.roofline import CostModel
     from miniengine.serving.simulator import CostModelFromFunctions
-
-    from autograder.own import parts, registry
 
     def say(text):
         if verbose:

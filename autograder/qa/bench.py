@@ -13,10 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from autograder import environment, course_paths
+from autograder import course_paths, environment
 from autograder.grade import autograde
-from autograder.qa import regress
 from autograder.notebooks import assignments
+from autograder.qa import regress
 
 TARGETS = {"one": 15.0, "folder": 180.0, "regress": 90.0}
 

@@ -15,8 +15,9 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from autograder import environment, course_paths
+from autograder import course_paths, environment
 from autograder.notebooks.papermill_runs import run_one
+
 
 def notebooks(selected=None) -> list[Path]:
     """Every lecture, then every lab source; or the ones named (paths, or names such as lab01)."""

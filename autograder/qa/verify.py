@@ -14,10 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from autograder.qa import design
-from autograder import environment, hidden_outputs, course_paths, results
+from autograder import course_paths, environment, hidden_outputs, results
 from autograder.grade import autograde, sheets
 from autograder.notebooks import assignments
+from autograder.qa import design
 
 
 def baseline_notebook(lab: course_paths.Lab, module):

@@ -64,7 +64,7 @@ KEYS = answer_keys()
 def test_every_lab_has_an_answer_key():
     """Lab 01's is notebook_checks.FORBIDDEN (the sampler and the reference); every later lab names its own."""
     labs = sorted(p.name.split("_")[0] for p in (REPO_ROOT / "labs").glob("lab*"))
-    named = {where.replace("autograder/labs/", "").split("_")[0].split(".")[0].split(":")[0]
+    named = {where.replace("autograder/labs/", "").split("/")[0].split("_")[0].split(".")[0].split(":")[0]
              for places in KEYS.values() for where in places}
     assert FORBIDDEN_LAB01 <= {m for m, _ in KEYS}, "Lab 01's answer key is notebook_checks.FORBIDDEN"
     missing = [lab for lab in labs[1:] if lab not in named]

@@ -16,9 +16,8 @@ import pytest
 import torch
 
 from autograder import hidden_outputs
-from autograder.qa.design import lab01 as design
-from autograder.qa.design import lab01_beams as golden
 from autograder.labs.lab01 import beams as harness
+from autograder.qa.design import lab01 as design, lab01_beams as golden
 from miniengine.model import load_model
 from miniengine.paths import GOLDEN, TARGET
 

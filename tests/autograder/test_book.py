@@ -27,7 +27,7 @@ def test_a_lecture_becomes_a_page_with_its_figures_inside_and_the_index_links_it
     nbformat.write(new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                                       "language": "python"}}), str(lecture))
     out = tmp_path / "book"
-    code = f"from autograder import book; raise SystemExit(book.book({str(out)!r}, [{str(lecture)!r}]))"
+    code = f"from autograder.edition import book; raise SystemExit(book.book({str(out)!r}, [{str(lecture)!r}]))"
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "AUTOGRADER_BUILD_DIR": str(tmp_path / "build")})
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

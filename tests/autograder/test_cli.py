@@ -10,10 +10,10 @@ import re
 
 import nbformat
 import pytest
+from autograder_support import REPO, explain, isolated_env, run_cli
 from nbformat.v4 import new_code_cell, new_notebook
 
 from autograder import results
-from autograder_support import REPO, explain, isolated_env, run_cli
 
 pytestmark = pytest.mark.slow
 LAB = "lab01_naive_decode"
@@ -91,7 +91,6 @@ def stopped(tmp_path_factory):
     import time
 
     import psutil
-
     from autograder_support import FIXTURES
 
     work = tmp_path_factory.mktemp("limits")

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from autograder.qa import design
 from autograder import course_paths
+from autograder.qa import design
 
 LABS = [lab for lab in course_paths.all_labs() if design.for_lab(lab.name) is not None]
 

@@ -17,14 +17,14 @@ import importlib.util
 import json
 import os
 import socket
+from pathlib import Path
 
 import nbformat
 import pytest
-from pathlib import Path
-
-from fixture_cells import copy_fixture_set, course_cells
-from autograder.grade.lab_prep import LEAVE_OUT_ENV
 from autograder_support import FIXTURES, REPO, explain, normal_user, run_cli, user_env
+from fixture_cells import copy_fixture_set, course_cells
+
+from autograder.grade.lab_prep import LEAVE_OUT_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
-from autograder.grade import feedback, submissions
 from autograder import course_paths, notebook_checks as checks, results
+from autograder.grade import feedback, submissions
 
 LAB = "lab01_naive_decode"
 

@@ -13,7 +13,6 @@ import json
 
 import nbformat
 import pytest
-
 from autograder_support import explain, isolated_env, run_cli
 
 pytestmark = pytest.mark.slow

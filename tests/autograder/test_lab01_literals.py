@@ -42,8 +42,8 @@ def lab01_solution(grade_id: str, namespace: dict) -> dict:
 
 
 def test_lab01_visible_bigram_beams_are_the_references():
-    from autograder.qa.design.lab01 import beam_search
     from autograder.labs.lab01.beams import BigramModel
+    from autograder.qa.design.lab01 import beam_search
 
     (_, (_, cases), _), = [c for c in lab01_calls("design-beams-visible") if c[0] == "check_beams_bigram"]
     assert len(cases) >= 4
@@ -60,8 +60,8 @@ def test_lab01_hidden_bigram_beams_of_the_solution_are_the_references():
     import numpy as np
     import torch
 
-    from autograder.qa.design.lab01 import beam_search as reference
     from autograder.labs.lab01.beams import BigramModel
+    from autograder.qa.design.lab01 import beam_search as reference
     from miniengine.attention import NoCacheBackend
 
     (_, (_, cases), kwargs), = [c for c in lab01_calls("design-beams-hidden") if c[0] == "check_beams_bigram"]

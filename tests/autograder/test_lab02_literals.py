@@ -4,10 +4,10 @@ expected values from the solution): the solution's answers on them are what the 
 import json
 
 import pytest
+from lab_literals import LLAMA3_8B, Harness
 
 from miniengine.model import LlamaConfig
 from miniengine.paths import REPO_ROOT
-from lab_literals import Harness, LLAMA3_8B
 
 LAB02 = REPO_ROOT / "labs" / "lab02_kv_cache" / "lab02_kv_cache.ipynb"
 

@@ -11,11 +11,11 @@ import dataclasses
 import json
 
 import pytest
-
-from miniengine.serving import metrics, simulator as sim
-from miniengine.paths import REPO_ROOT
-from miniengine.cost.roofline import GPUS, CostModel
 from lab_literals import LLAMA3_8B, cell_calls, observed
+
+from miniengine.cost.roofline import GPUS, CostModel
+from miniengine.paths import REPO_ROOT
+from miniengine.serving import metrics, simulator as sim
 
 LAB03 = REPO_ROOT / "labs" / "lab03_roofline" / "lab03_roofline.ipynb"
 # Lab 03's answer cells, run in this order after the setup cell to give the solution's functions and answers.

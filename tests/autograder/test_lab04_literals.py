@@ -7,11 +7,11 @@ import ast
 import json
 
 import pytest
-
-from miniengine.serving import metrics, simulator as sim
-from miniengine.paths import REPO_ROOT
-from miniengine.cost.roofline import GPUS, CostModel
 from lab_literals import cell_calls, observed
+
+from miniengine.cost.roofline import GPUS, CostModel
+from miniengine.paths import REPO_ROOT
+from miniengine.serving import metrics, simulator as sim
 
 LAB04 = REPO_ROOT / "labs" / "lab04_continuous_batching" / "lab04_continuous_batching.ipynb"
 LAB04_RUNS = {  # the same runs as the cells: workload (n, rate, seed), GPU, seats, tokens per step
@@ -49,8 +49,8 @@ def lab04_expectations() -> dict:
 
 @pytest.mark.parametrize("name", sorted(LAB04_RUNS))
 def test_lab04_simulator_expectations_match_the_course_policy(name):
-    from miniengine.engine import ContinuousBatching
     from miniengine.cost.roofline import llama3_8b
+    from miniengine.engine import ContinuousBatching
 
     work, gpu, seats, tokens = LAB04_RUNS[name]
     run = sim.simulate(sim.chat_workload(*work), ContinuousBatching(), CostModel(llama3_8b(), GPUS[gpu]),

@@ -29,8 +29,8 @@ def lab07_converted() -> dict:
 def test_lab07_converted_tokens_are_the_references(grade_id, target):
     from miniengine.course import golden
     from miniengine.gqa import convert
-    from miniengine.tokenizer import load_tokenizer
     from miniengine.paths import TARGET
+    from miniengine.tokenizer import load_tokenizer
 
     pasted = lab07_converted()[grade_id]
     hidden = grade_id.endswith("hidden")

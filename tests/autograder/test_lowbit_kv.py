@@ -2,7 +2,7 @@
 power of its thresholds (the lab's solution passes them, the baseline and the planted bugs fail where they should).
 
 The texts and the table of schemes come from autograder/qa/design/lab02.py (instructors only); the measuring code is the
-lab's harness (autograder/labs/lab02/lowbit.py, lab02_ppl.py), which ships.
+lab's harness (autograder/labs/lab02/lowbit.py, lab02/ppl.py), which ships.
 """
 from __future__ import annotations
 
@@ -15,13 +15,12 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from autograder_support import REPO
 
-from autograder.qa.design import lab02 as design
-from autograder.qa.design import lab02_schemes as schemes
 from autograder.labs import lab02
 from autograder.labs.lab02 import lowbit as lab02_lowbit, ppl as lab02_ppl
+from autograder.qa.design import lab02 as design, lab02_schemes as schemes
 from miniengine.kv.contiguous import KVCache
-from autograder_support import REPO
 
 SOURCE = REPO / "labs" / "lab02_kv_cache" / "lab02_kv_cache.ipynb"
 TARGET = lab02.target_config()  # a bare config: what fill() and Task 1 take

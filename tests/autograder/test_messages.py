@@ -13,8 +13,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from autograder.grade import feedback, messages
 from autograder import results
+from autograder.grade import feedback, messages
 
 LONG = ("visible case p3-top_p, step 12: top_p_mask(p=0.9) kept 40 tokens with mass 0.9312; expected the smallest "
         "set of most likely tokens whose mass reaches 0.9. " + "The kept ids were " + ", ".join(map(str, range(90)))
@@ -65,9 +65,9 @@ def test_a_message_over_the_limit_says_that_it_was_cut_and_where_the_whole_one_i
 
 ANSI_CELL = "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[7]\x1b[39m\x1b[32m, line 6\x1b[39m, in \x1b[36mgreedy\x1b[39m\x1b[34m(logits)\x1b[39m\n      5 ..."
 TEST_CELL = "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[9]\x1b[39m\x1b[32m, line 7\x1b[39m\n----> 7 lab.report_greedy(greedy, report)"
-HARNESS = ("\x1b[36mFile \x1b[39m\x1b[32m/work/x/autograder/labs/lab01.py:107\x1b[39m, in \x1b[36mkeeps_k_largest\x1b[39m"
+HARNESS = ("\x1b[36mFile \x1b[39m\x1b[32m/work/x/autograder/labs/lab01/__init__.py:107\x1b[39m, in \x1b[36mkeeps_k_largest\x1b[39m"
            "\x1b[34m(top_k_mask, row, k, what, hidden)\x1b[39m\n    106 ...")
-GUARD = "File /work/x/autograder/checks/guard.py:110, in reference_forbidden(what, forbidden)\n    109 ..."
+GUARD = "File /work/x/autograder/notebook_checks/guard.py:110, in reference_forbidden(what, forbidden)\n    109 ..."
 TORCH = "File /work/x/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1778, in _wrapped_call_impl(...)"
 
 

@@ -183,10 +183,9 @@ def test_every_fallback_engine_serves_the_golden_runs(lab):
 
 
 def test_my_cost_model_prices_with_the_students_lab_03_outside_grading(mine_folder, monkeypatch):
-    from miniengine.cost.roofline import CostModel, llama3_8b
-
     from autograder import own
     from autograder.own import save, source, status
+    from miniengine.cost.roofline import CostModel, llama3_8b
 
     save.write(3, source.from_notebook(3, notebook(3)))
     model = own.my_cost_model(llama3_8b(), gpu="H100", verbose=False)

@@ -11,9 +11,8 @@ import warnings
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
-
 from autograder_support import REPO, explain, isolated_env, run_cli
+from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow
 

@@ -14,10 +14,10 @@ import time
 
 import nbformat
 import pytest
-
-from autograder.sandbox import bubblewrap, isolation
-from autograder import hidden_outputs, course_paths
 from autograder_support import REPO
+
+from autograder import course_paths, hidden_outputs
+from autograder.sandbox import bubblewrap, isolation
 
 HIDDEN = REPO / "autograder" / "hidden"
 

@@ -7,9 +7,9 @@ import re
 import warnings
 
 import pytest
+from autograder_support import REPO, explain, isolated_env, run_cli
 
 from autograder import results
-from autograder_support import REPO, explain, isolated_env, run_cli
 
 pytestmark = pytest.mark.slow
 LAB = "lab01_naive_decode"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miniengine.course.admission import admit_at_arrival
 from miniengine.cost.roofline import GPUS, CostModel, llama3_8b
+from miniengine.course.admission import admit_at_arrival
 from miniengine.serving import metrics, simulator as sim
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)

@@ -6,8 +6,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from miniengine.course import paged_viz as pv  # noqa: E402
 from miniengine.config import EngineConfig  # noqa: E402
+from miniengine.course import paged_viz as pv  # noqa: E402
 from miniengine.engine import LLMEngine  # noqa: E402
 from miniengine.sampling import SamplingParams  # noqa: E402
 

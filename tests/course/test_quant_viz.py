@@ -12,11 +12,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from miniengine.course import quant_viz as qv  # noqa: E402
 from miniengine.attention import attention  # noqa: E402
+from miniengine.cost.roofline import GPUS, CostModel, llama3_8b  # noqa: E402
+from miniengine.course import quant_viz as qv  # noqa: E402
 from miniengine.layers.quant import Int4GroupWise, Int8PerChannel, dequantized_copy, state_bytes  # noqa: E402
 from miniengine.model import Llama, LlamaConfig  # noqa: E402
-from miniengine.cost.roofline import GPUS, CostModel, llama3_8b  # noqa: E402
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
 

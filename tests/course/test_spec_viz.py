@@ -9,8 +9,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from miniengine.course import spec_viz as sv  # noqa: E402
 from miniengine.attention import NoCacheBackend  # noqa: E402
+from miniengine.course import spec_viz as sv  # noqa: E402
 from miniengine.sampling import SamplingParams, sample_token  # noqa: E402
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)

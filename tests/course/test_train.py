@@ -39,9 +39,9 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, monkeypatch):
 def test_distill_loss_is_zero_against_itself_and_positive_otherwise():
     import torch
 
+    from miniengine.course.train import distill_loss
     from miniengine.model import load_model
     from miniengine.paths import DRAFT, TARGET
-    from miniengine.course.train import distill_loss
     target, draft = load_model(TARGET), load_model(DRAFT)
     x = torch.randint(1, 4096, (2, 16))
     assert abs(distill_loss(target, target, x).item()) < 1e-5

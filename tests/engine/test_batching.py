@@ -3,10 +3,10 @@ invariants checked after every step (no request lost or duplicated, budgets kept
 its step, first-come first-served among the waiting, every request served)."""
 import numpy as np
 import pytest
+from scheduler_invariants import Invariants, VirtualClock, poisson_trace
 
 from miniengine import EngineConfig, SamplingParams
 from miniengine.engine import ContinuousBatching, LLMEngine, StaticBatching, TraceRequest, replay
-from scheduler_invariants import Invariants, VirtualClock, poisson_trace
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
 

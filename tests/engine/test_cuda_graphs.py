@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_replay import CaptureError, ReplayGraph, emulate_cuda_graphs, emulated_graph
 
 from miniengine import LLM, SamplingParams
 from miniengine.config import EngineConfig
 from miniengine.engine import LLMEngine
 from miniengine.engine.cuda_graphs import DecodeGraphs, bucket_for, default_buckets, default_key_buckets, supports
 from miniengine.kv import PagedKV
-from graph_replay import CaptureError, ReplayGraph, emulate_cuda_graphs, emulated_graph
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
 

@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from miniengine.serving import disagg, metrics, simulator as sim
 from miniengine.cost.roofline import GPUS, CostModel, llama3_8b
+from miniengine.serving import disagg, metrics, simulator as sim
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
 

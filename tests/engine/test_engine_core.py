@@ -3,6 +3,7 @@ run with an independent, non-default implementation written here."""
 import numpy as np
 import pytest
 import torch
+from scheduler_invariants import kv_tokens_held
 
 from miniengine import LLM, SamplingParams
 from miniengine.attention import causal_attention
@@ -10,7 +11,6 @@ from miniengine.engine import FCFSPolicy
 from miniengine.kv import PagedKV, PerSequenceKV
 from miniengine.layers.sampler import PerRowSampler
 from miniengine.sampling import gumbel_noise
-from scheduler_invariants import kv_tokens_held
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
 

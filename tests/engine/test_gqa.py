@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from miniengine import LLM, SamplingParams
-from miniengine.course import golden as golden_mod
 from miniengine.attention import NoCacheBackend
+from miniengine.course import golden as golden_mod
 from miniengine.gqa import convert, mean_pool_kv
 from miniengine.model import load_model
 from miniengine.paths import MODELS, REPO_ROOT, TARGET
@@ -79,8 +79,9 @@ def test_the_shipped_gqa_model_has_two_kv_heads_and_a_quarter_of_the_kv():
 def test_the_gqa_model_is_exact_in_a_per_sequence_layout_too():
     """The third kind of KV layout: one cache object per sequence (Lab 02's shape), here the loop-based one
     tests/engine/test_engine_core.py writes independently of the course's code."""
-    from miniengine.kv import PerSequenceKV
     from test_engine_core import LoopBackend, LoopCache
+
+    from miniengine.kv import PerSequenceKV
     cases = gqa_cases()[::2]
     model = load_model(MODELS / golden_mod.GQA_MODEL)
     llm = LLM(model=model, kv=PerSequenceKV(LoopCache, LoopBackend, model.config, torch.float32, "cpu"))

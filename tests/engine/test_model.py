@@ -3,12 +3,11 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_config
 
 from miniengine.attention import NoCacheBackend
 from miniengine.model import LlamaConfig, load_model, save_model
 from miniengine.paths import TARGET
-
-from conftest import tiny_config
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
 

@@ -9,13 +9,13 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from scheduler_invariants import Invariants, VirtualClock, check_block_invariants, poisson_trace
 
 from miniengine import LLM, EngineConfig, SamplingParams
+from miniengine.course.kv_study import chat_requests, kv_study
 from miniengine.engine import ContinuousBatching, LLMEngine, replay
 from miniengine.kv import BlockManager, PagedKV, gather_history
-from miniengine.course.kv_study import chat_requests, kv_study
 from miniengine.sampling import child_seed
-from scheduler_invariants import Invariants, VirtualClock, check_block_invariants, poisson_trace
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
 

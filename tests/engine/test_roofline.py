@@ -19,9 +19,9 @@ import json
 import pytest
 
 from miniengine.cost import roofline
+from miniengine.cost.roofline import GPU, GPUS, CostModel, llama3_8b, llama3_70b
 from miniengine.course.commands import roofline as roofline_command
 from miniengine.model import Llama, LlamaConfig
-from miniengine.cost.roofline import GPU, GPUS, CostModel, llama3_8b, llama3_70b
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
 

@@ -14,10 +14,10 @@ import math
 import numpy as np
 import pytest
 
-from miniengine.serving import metrics, simulator as sim
-from miniengine.serving.metrics import SLO
 from miniengine.cost.roofline import GPUS, CostModel, llama3_8b
 from miniengine.engine import FCFSPolicy
+from miniengine.serving import metrics, simulator as sim
+from miniengine.serving.metrics import SLO
 from miniengine.serving.simulator import FCFS, SimRequest, StaticBatching
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)

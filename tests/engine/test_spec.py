@@ -4,13 +4,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from scheduler_invariants import Invariants, check_block_invariants
 
 from miniengine import LLM, SamplingParams
 from miniengine.kv.block_manager import blocks_needed
 from miniengine.model import load_model
 from miniengine.paths import DRAFT, TARGET
 from miniengine.spec.verify import coupled_verify, draft_token, probs, rejection_verify, residual
-from scheduler_invariants import Invariants, check_block_invariants
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
 

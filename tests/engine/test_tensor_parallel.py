@@ -4,20 +4,19 @@ import json
 
 import pytest
 import torch
-
 from conftest import tiny_config
-from miniengine.attention import NoCacheBackend
+
 from miniengine import LLM
+from miniengine.attention import NoCacheBackend
 from miniengine.config import EngineConfig
+from miniengine.cost.roofline import GPUS, CostModel, Interconnect, llama3_70b, ring_allreduce_s, tensor_parallel_decode
+from miniengine.course.tp_reference import tp_reference_generate
+from miniengine.distributed import (ColumnParallelLinear, Plan, RowParallelLinear, ThreadRing, check_world_size,
+                                    rank_kv_shape, ring_all_reduce, row_shard, shard_model, tp_generate)
 from miniengine.engine import LLMEngine
 from miniengine.model import Llama, load_model
 from miniengine.paths import GOLDEN, MODELS
 from miniengine.reference import naive_generate
-from miniengine.cost.roofline import (GPUS, CostModel, Interconnect, llama3_70b, ring_allreduce_s,
-                                      tensor_parallel_decode)
-from miniengine.course.tp_reference import tp_reference_generate
-from miniengine.distributed import (ColumnParallelLinear, Plan, RowParallelLinear, ThreadRing, check_world_size,
-                                    rank_kv_shape, ring_all_reduce, row_shard, shard_model, tp_generate)
 from miniengine.sampling import SamplingParams
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)

@@ -22,7 +22,7 @@ Task 5, naive_decode (decode-visible, decode-processed-visible, decode-hidden): 
 Task 6, your engine (engine-visible, engine-hidden): LLM, with your sample() as its sampler, serves every golden
   case eight requests at a time, token for token. Every part is yours here.
 Task 7, beam_search (design-args-visible, design-beams-visible/-hidden, design-passes-visible/-hidden): see
-  lab01_beams.py.
+  lab01/beams.py.
 Numbers (numbers): each answer is a finite number; the hidden part compares it with the value, within a tolerance.
 """
 from __future__ import annotations
@@ -36,16 +36,17 @@ from autograder import notebook_checks as checks
 from autograder.labs.lab01 import decode as lab01_decode
 from miniengine.sampling import SamplingParams
 
-# Tasks 5 and 6 live in lab01_decode.py (this file would be too long); pristine reloads only this module, so
+# Tasks 5 and 6 live in lab01/decode.py (this file would be too long); pristine reloads only this module, so
 # this module reloads that one, and a test cell finds all of the lab's checks here, as lab.check_...
 lab01_decode = importlib.reload(lab01_decode)
-from autograder.labs.lab01.decode import (SAMPLING, check_decode, check_decode_steps, check_engine, report_decode, report_engine, visible_golden)
-# Task 7 (beam search, the design part) and the graded numbers live in lab01_beams.py, reloaded the same way.
+# Task 7 (beam search, the design part) and the graded numbers live in lab01/beams.py, reloaded the same way.
 from autograder.labs.lab01 import beams as lab01_beams  # noqa: E402
+from autograder.labs.lab01.decode import (SAMPLING, check_decode, check_decode_steps, check_engine, report_decode,  # noqa: E402
+                                          report_engine, visible_golden)
 
 lab01_beams = importlib.reload(lab01_beams)
-from autograder.labs.lab01.beams import (BigramModel, check_beam_arguments, check_beams, check_beams_bigram, check_beams_greedy, check_passes, report_beams, report_passes)
-
+from autograder.labs.lab01.beams import (BigramModel, check_beam_arguments, check_beams, check_beams_bigram,  # noqa: E402
+                                         check_beams_greedy, check_passes, report_beams, report_passes)
 
 # ---------------------------------------------------------------- shared by Tasks 1-4
 

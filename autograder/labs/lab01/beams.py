@@ -25,6 +25,7 @@ import torch
 
 from autograder import notebook_checks as checks
 from autograder.labs.lab01.decode import visible_golden
+from autograder.labs.shared import first_difference
 
 BEAMS = "lab01_beams"  # data/golden/lab01_beams.json; the hidden cases' twin stays with the grader
 SCORE_TOLERANCE = 1e-4  # float32 against the float64 reference moves a score by about 1e-5
@@ -95,10 +96,6 @@ def past_end(beams, eos: int, what: str) -> None:
         if eos in ids[:-1]:
             raise AssertionError(f"{what}: beam {i} goes on after end-of-text (id {eos}, at step {ids.index(eos)}); "
                                  f"an end-of-text candidate among the first beam_width finishes its hypothesis")
-
-
-def first_difference(got: list[int], want: list[int]) -> int:
-    return next((t for t, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
 
 
 def compare(got, want, eos: int, what: str, show=str, hidden=False) -> None:

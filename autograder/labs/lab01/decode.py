@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from autograder import notebook_checks as checks
+from autograder.labs.shared import difference
 from miniengine import LLM
 from miniengine.layers.sampler import PerRowSampler
 from miniengine.sampling import SamplingParams
@@ -21,12 +22,6 @@ def visible_golden() -> dict:
     with open(checks.VISIBLE_GOLDEN) as f:
         return json.load(f)
 
-
-def difference(tok, got: list[int], want: list[int]) -> str:
-    """Where two runs first part, for a message: the step, and each run's token there."""
-    t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    shown = [checks.show(tok, run[t]) if t < len(run) else "no more tokens" for run in (want, got)]
-    return f"first difference at step {t}: expected {shown[0]}, got {shown[1]}"
 
 
 # ---------------------------------------------------------------- Task 5: naive_decode

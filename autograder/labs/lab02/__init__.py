@@ -39,9 +39,9 @@ The numbers (numbers-visible, numbers-hidden): each answer of the numbers cell d
 Every check observes what it measured (checks.observe): your outputs, and each design measure with its bound; the
 grader judges them against the answer sheet, outside your notebook's kernel.
 
-Tasks 3-5 live in lab02_backend.py and lab02_decode.py, Task 6 in lab02_lowbit.py (how bytes and perplexity are
-measured), lab02_held.py (what a cache holds), lab02_passes.py (one pass, and a text scored) and lab02_ppl.py, and
-what they all share (the answer key among it) in lab02_common.py: this file reloads them, and the test cells call
+Tasks 3-5 live in lab02/backend.py and lab02/decode.py, Task 6 in lab02/lowbit.py (how bytes and perplexity are
+measured), lab02/held.py (what a cache holds), lab02/passes.py (one pass, and a text scored) and lab02/ppl.py, and
+what they all share (the answer key among it) in lab02/common.py: this file reloads them, and the test cells call
 every check from here, as lab.check_...
 """
 from __future__ import annotations
@@ -55,7 +55,8 @@ from types import SimpleNamespace
 import torch
 
 from autograder import notebook_checks as checks
-from autograder.labs.lab02 import (backend as lab02_backend, common as lab02_common, decode as lab02_decode, held as lab02_held, lowbit as lab02_lowbit, passes as lab02_passes, ppl as lab02_ppl)
+from autograder.labs.lab02 import (backend as lab02_backend, common as lab02_common, decode as lab02_decode,  # noqa: E402
+                                   held as lab02_held, lowbit as lab02_lowbit, passes as lab02_passes, ppl as lab02_ppl)
 
 # pristine reloads only this module: the parts are reloaded here, shared part first, each time this one is.
 lab02_common = importlib.reload(lab02_common)
@@ -66,9 +67,9 @@ lab02_ppl = importlib.reload(lab02_ppl)
 from autograder.labs.lab02.backend import check_backend, report_backend  # noqa: E402, F401
 from autograder.labs.lab02.common import ANSWER_KEY, ENGINE_KEY, require_own_class  # noqa: E402, F401
 from autograder.labs.lab02.decode import check_decode, check_decode_steps, check_engine, report_decode, report_engine
-from autograder.labs.lab02.lowbit import (BYTES_LIMIT, PPL_LIMIT, check_lowbit_bytes, engine_config, float32_bytes, held_bytes, reachable_bytes)
+from autograder.labs.lab02.lowbit import (BYTES_LIMIT, PPL_LIMIT, check_lowbit_bytes, engine_config, float32_bytes,  # noqa: E402
+                                          held_bytes, reachable_bytes)
 from autograder.labs.lab02.ppl import check_lowbit_ppl, golden_agreement, measure_lowbit, visible_text, window_nlls
-
 
 # ---------------------------------------------------------------- Task 1: kv_bytes_per_token
 

@@ -1,4 +1,4 @@
-"""Lab 02's tests of Task 3, CachedAttention. Part of the lab02 harness: lab02.py says what every test checks.
+"""Lab 02's tests of Task 3, CachedAttention. Part of the lab02 harness: lab02/__init__.py says what every test checks.
 
 While these tests run, ContiguousKVCache is the course's class (lent in the notebook's namespace, ns), so that a
 mistake in Task 2 costs only Task 2; the caches below are made from that lent class.

@@ -1,9 +1,10 @@
-"""Lab 02's answer key, and what the checks of every task share. Part of the lab02 harness: see lab02.py."""
+"""Lab 02's answer key, and what the checks of every task share. Part of the lab02 harness: see lab02/__init__.py."""
 from __future__ import annotations
 
 import json
 
 from autograder import notebook_checks as checks
+from autograder.labs.shared import difference  # noqa: F401  the parts read it from here
 
 # This lab's answer key: while a test runs, any call to these fails it (checks.reference_forbidden). sample_token is
 # yours to use (lab 01 was about it).
@@ -28,10 +29,3 @@ def visible_golden() -> dict:
     """The visible golden runs, read from their file: expected values are stored, never computed here."""
     with open(checks.VISIBLE_GOLDEN) as f:
         return json.load(f)
-
-
-def difference(tok, got: list[int], want: list[int]) -> str:
-    """Where two runs first part, for a message: the step, and each run's token there."""
-    t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    shown = [checks.show(tok, run[t]) if t < len(run) else "no more tokens" for run in (want, got)]
-    return f"first difference at step {t}: expected {shown[0]}, got {shown[1]}"

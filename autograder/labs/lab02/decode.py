@@ -1,4 +1,4 @@
-"""Lab 02's tests of Task 4 (cached_decode) and Task 5 (your engine). Part of the lab02 harness: lab02.py says
+"""Lab 02's tests of Task 4 (cached_decode) and Task 5 (your engine). Part of the lab02 harness: lab02/__init__.py says
 what every test checks.
 
 While cached_decode is tested, ContiguousKVCache and CachedAttention are the course's classes (lent in the

@@ -1,5 +1,5 @@
-"""What a low-bit KV cache holds, in bytes: lab 02's design tests count it here. Part of the lab02 harness: lab02.py
-says what every test checks, lab02_lowbit.py how the bytes are judged.
+"""What a low-bit KV cache holds, in bytes: lab 02's design tests count it here. Part of the lab02 harness: lab02/__init__.py
+says what every test checks, lab02/lowbit.py how the bytes are judged.
 
 Nothing the cache says about itself is read: the count walks the objects themselves, and whatever it reaches counts.
 

@@ -1,5 +1,5 @@
 """Lab 02's tests of the design part, a low-bit KV cache (LowBitKVCache, LowBitAttention): its bytes. Part of the
-lab02 harness: lab02.py says what every test checks.
+lab02 harness: lab02/__init__.py says what every test checks.
 
 This is the measuring code, not an answer: how many bits, which scales and where they go are the student's design.
 
@@ -9,17 +9,17 @@ This is the measuring code, not an answer: how many bits, which scales and where
   random K/V (``fill``), and, for the target model, fed a text through the model exactly as the perplexity test
   feeds it (``window_nlls``).  So the caches whose bytes count are made and used as the ones that give the
   perplexity.
-* **Bytes** (lab02_held.py): everything each cache holds (its attributes, containers, tensors and what hangs on
+* **Bytes** (lab02/held.py): everything each cache holds (its attributes, containers, tensors and what hangs on
   them), and everything the caches made together reach with their classes and the globals their code reads (a
   store kept beside the caches counts there), each storage counted once and whole, scales and codes alike, when
   the caches are made and again when they are full; against float32 K and V for the same positions
   (2 x layers x kv_heads x head_dim x 4 bytes a position).  Nothing the cache says about itself is read.
-* **Perplexity** (``window_nlls``, lab02_passes.py; the check in lab02_ppl.py): each window of a text is one
+* **Perplexity** (``window_nlls``, lab02/passes.py; the check in lab02/ppl.py): each window of a text is one
   sequence, reserved as the engine reserves one and fed in chunks of ``CHUNK`` tokens through ``backend_class``,
   ``BATCH`` windows a pass, the model scoring every next token (teacher forcing).  From the second chunk on, a token
   attends to the stored low-bit K/V of the tokens before it, so the quantization error reaches the logits the way it
   would in decode.  ppl = exp(mean negative log-likelihood over every predicted token); the same path and the same
-  arithmetic give the float32 cache's perplexity (lab02_ppl.py).
+  arithmetic give the float32 cache's perplexity (lab02/ppl.py).
 
 Each measure is observed with its bound (``checks.observe``), and the grader judges it outside the kernel.  A
 message names the shape or the text, the pass and the layer.  A hidden case's message says what the student's code

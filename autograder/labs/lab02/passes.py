@@ -1,6 +1,6 @@
 """Lab 02's design tests, one pass at a time: the engine's calls into the student's LowBitAttention, each checked,
-and a text scored through the model in chunks (``window_nlls``). Part of the lab02 harness: lab02.py says what every
-test checks, lab02_lowbit.py how the bytes and the perplexity are measured.
+and a text scored through the model in chunks (``window_nlls``). Part of the lab02 harness: lab02/__init__.py says what every
+test checks, lab02/lowbit.py how the bytes and the perplexity are measured.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Lab 02's tests of the design part, continued: the perplexity of a text through the low-bit cache, and the low-bit
-cache measured and shown beside the token-exact engine. Part of the lab02 harness: lab02.py says what every test
-checks, and lab02_lowbit.py how the bytes and the perplexity are measured.
+cache measured and shown beside the token-exact engine. Part of the lab02 harness: lab02/__init__.py says what every test
+checks, and lab02/lowbit.py how the bytes and the perplexity are measured.
 
 The yardstick of a perplexity increase is the float32 cache's perplexity on the same windows through the same path
 (``window_nlls``): a visible test cell gives it (the visible text's, from data/golden/kv_text.json), and the increase
@@ -16,7 +16,8 @@ import torch
 
 from autograder import notebook_checks as checks
 from autograder.labs.lab02.common import require_own_class
-from autograder.labs.lab02.lowbit import (CHUNK, DESIGN_KEY, PPL_LIMIT, VISIBLE_TEXT, Checked, advanced, allocated, fill, float32_bytes, held_tensors, new_pass, reachable_bytes, window_nlls)
+from autograder.labs.lab02.lowbit import (CHUNK, DESIGN_KEY, PPL_LIMIT, VISIBLE_TEXT, Checked, advanced, allocated,
+                                          fill, float32_bytes, held_tensors, new_pass, reachable_bytes, window_nlls)
 from miniengine.kv import PerSequenceKV
 
 

@@ -16,7 +16,7 @@ predictions), and the grader judges those outside the notebook, against the same
 solution (a hidden test's right values never enter the notebook; the held-out step times neither: the grader's
 judge ``lab03-heldout-mape``, autograder/grade/yardsticks.py, prices your predictions against them).
 
-Task 1, param_count (param-count-visible/-hidden, lab03_counts.py): Llama-3-8B, 70B and 8B without GQA within 1%
+Task 1, param_count (param-count-visible/-hidden, lab03/counts.py): Llama-3-8B, 70B and 8B without GQA within 1%
   of the worked example "Model size", the tiny model exactly (what torch counts). Hidden: other shapes, exactly.
 Task 2, kv_bytes_per_token (kv-bytes-visible/-hidden): the worked example "KV per token" exactly, 8-bit and int4
   values (0.5 bytes: not rounded), the 16-bit default, and a 128K-token request holding 16 GiB.
@@ -28,7 +28,7 @@ Task 4, forward_bytes (bytes-visible/-hidden): the weights once (one embedding r
   read and the new KV written, on Llama-3-8B; the worked decode intensity (about 1 FLOP/byte, with your
   forward_flops) and KV share (70% at batch 256); 8-bit, int4 weights with a 16-bit cache, a ragged batch, a tied
   model in float32. A failure also says when your param_count or kv_bytes_per_token is the cause.
-Task 5, step_time and ridge_point (step-time-visible/-hidden, lab03_time.py): the worked ridge points and the
+Task 5, step_time and ridge_point (step-time-visible/-hidden, lab03/time.py): the worked ridge points and the
   bandwidth floor within 1%, then the formula max(compute, memory) + overhead exactly, with the defaults and other
   settings. seed-tables-visible prices the worked tables with your three functions: decode per token at batch 1,
   64 and 256, short and long prefills, the A100, the memory/compute crossover, and GQA.
@@ -37,10 +37,10 @@ Task 6, kv_capacity_tokens and max_batch (memory-visible/-hidden): the worked ca
 Task 7, your engine (engine-visible/-hidden): the simulator, driving the engine's scheduler, serves seeded chat
   workloads on your cost model (continuous and static batching); its last token, median TTFT and TPOT and
   throughput must match the course's figures to 1e-6.
-Numbers you derive (numbers-visible/-roofline-hidden/-memory-hidden, lab03_numbers.py): each answer of the right
+Numbers you derive (numbers-visible/-roofline-hidden/-memory-hidden, lab03/numbers.py): each answer of the right
   kind (visible); each value within its tolerance (hidden, judged by the grader; the message names the answer that
   is off).
-Design, calibrate (design-interface-visible, design-mape-visible/-hidden, lab03_calibrate.py): your cost model,
+Design, calibrate (design-interface-visible, design-mape-visible/-hidden, lab03/calibrate.py): your cost model,
   fitted to the shipped step times, prices any shape (more layers or width cost more; a near shape costs the same),
   never takes less time for more work, refuses bad input with ValueError and drives the simulator; fitted without
   some slices of the training file it predicts them within the MAPE allowed (visible), and fitted on the whole
@@ -52,18 +52,21 @@ from __future__ import annotations
 
 import importlib
 
-from autograder.labs.lab03 import (calibrate as lab03_calibrate, common as lab03_common, counts as lab03_counts, exact as lab03_hidden, numbers as lab03_numbers, time as lab03_time)
+from autograder.labs.lab03 import (calibrate as lab03_calibrate, common as lab03_common, counts as lab03_counts,  # noqa: E402
+                                   exact as lab03_hidden, numbers as lab03_numbers, time as lab03_time)
 
 # `pristine` reloads this file only: its parts afresh too, each one's dependencies before it.
 for _part in (lab03_common, lab03_counts, lab03_hidden, lab03_time, lab03_numbers, lab03_calibrate):
     importlib.reload(_part)
 
-from autograder.labs.lab03.common import A100, ANSWER_KEY, H100, H200, KIPPLY, L8, L70, MHA, T4, TINY, PAPER_GPUS
-from autograder.labs.lab03.counts import check_bytes, check_flops, check_kv_bytes, check_param_count  # noqa: E402
-from autograder.labs.lab03.exact import (check_bytes_exact, check_flops_exact, check_kv_bytes_exact, check_param_count_exact)
-from autograder.labs.lab03.time import (check_engine, check_memory, check_memory_exact, check_ridge_and_step, check_ridge_and_step_exact, check_worked_tables)
-from autograder.labs.lab03.numbers import check_answer_forms, report_answer_values  # noqa: E402
 from autograder.labs.lab03.calibrate import check_calibration, check_calibration_hidden, check_interface
+from autograder.labs.lab03.common import A100, ANSWER_KEY, H100, H200, KIPPLY, L8, L70, MHA, PAPER_GPUS, T4, TINY
+from autograder.labs.lab03.counts import check_bytes, check_flops, check_kv_bytes, check_param_count  # noqa: E402
+from autograder.labs.lab03.exact import (check_bytes_exact, check_flops_exact, check_kv_bytes_exact,  # noqa: E402
+                                         check_param_count_exact)
+from autograder.labs.lab03.numbers import check_answer_forms, report_answer_values  # noqa: E402
+from autograder.labs.lab03.time import (check_engine, check_memory, check_memory_exact, check_ridge_and_step,  # noqa: E402
+                                        check_ridge_and_step_exact, check_worked_tables)
 
 __all__ = ["ANSWER_KEY", "L8", "L70", "MHA", "TINY", "KIPPLY", "H100", "H200", "A100", "T4", "PAPER_GPUS",
            "check_param_count", "check_param_count_exact", "check_kv_bytes", "check_kv_bytes_exact", "check_flops",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import autograder.notebook_checks as checks
 from autograder.labs.lab03.common import KIPPLY, L8, TINY, close, gap, graded, num, observe, why
 
-
 # Task 1 · param_count
 
 def count_causes(cfg):

@@ -10,7 +10,6 @@ import math
 import autograder.notebook_checks as checks
 from autograder.labs.lab03.common import A100, H100, L8, L70, PAPER_GPUS, close, graded, num, observe, why
 
-
 # Task 5 · step_time and ridge_point
 
 def check_ridge_and_step(step_time, ridge_point, ridges, floors, formulas):

@@ -12,12 +12,12 @@ grader compares that with the answer sheet outside your notebook. Hidden cells h
 right answers stay with the grader (the course's solution's, on the same inputs); where they need the reference's
 tokens, they only report yours, and the grader compares them with the hidden golden files.
 
-Task 1, fits (fits-visible/-hidden, lab04_admit.py): a seat left, the prompt within the tokens left (the boundary
+Task 1, fits (fits-visible/-hidden, lab04/admit.py): a seat left, the prompt within the tokens left (the boundary
   included), KV memory for it, asked of can_allocate with the sequence itself.
 Task 2, ContinuousBatching.admit (admit-visible/-hidden): small queues built by hand, each admitted oldest first
   while they fit, stopping at the first that does not (a later, smaller request must not overtake: the message
   names the overtaking), with the budget already counting the running decodes.
-Task 3, ContinuousBatching on the engine (replay-visible/-hidden, lab04_engine.py): the real engine, on a virtual
+Task 3, ContinuousBatching on the engine (replay-visible/-hidden, lab04/engine.py): the real engine, on a virtual
   clock, replays two golden cases of each kind as a seeded Poisson trace, and a burst of long prompts first, under
   small budgets. After every step the scheduler's invariants must hold: nobody queued twice, lost or still queued
   once finished; at most max_num_seqs sequences and max_num_batched_tokens tokens; prefills admitted in queue
@@ -26,10 +26,10 @@ Task 3, ContinuousBatching on the engine (replay-visible/-hidden, lab04_engine.p
 Task 4, ContinuousBatching on the simulator (sim-visible/-hidden): Llama-3-8B on a paper GPU serves a seeded burst
   of chat requests; the serving report (goodput, SLO attainment, throughput, TTFT P99, TPOT P50) must match the
   course's figures to 1e-6 (visible: pasted in the cell; hidden: held by the grader).
-Task 5, StaticBatching.admit (static-visible/-hidden, lab04_admit.py): nobody while a batch runs; a full batch, or
+Task 5, StaticBatching.admit (static-visible/-hidden, lab04/admit.py): nobody while a batch runs; a full batch, or
   a partial one once its oldest request has waited timeout_s; within the seats and tokens, in order; the admitted
   batch kept in self.batch.
-Task 6, your engine (engine-visible/-hidden, lab04_engine.py): LLM with your ContinuousBatching (and your fits)
+Task 6, your engine (engine-visible/-hidden, lab04/engine.py): LLM with your ContinuousBatching (and your fits)
   serves every golden case, token for token (hidden: compared by the grader).
 """
 from __future__ import annotations

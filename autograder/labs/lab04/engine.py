@@ -11,22 +11,10 @@ import numpy as np
 
 import autograder.notebook_checks as checks
 from autograder.labs.lab04.common import ANSWER_KEY, own_policy
+from autograder.labs.shared import difference
 from miniengine import LLM, EngineConfig, SamplingParams
 from miniengine.engine import LLMEngine, TraceRequest, replay
-
-
-class VirtualClock:
-    """Time moves only when the engine reads it (a fixed tick per call) or sleeps: every run is reproducible."""
-
-    def __init__(self, tick=0.01):
-        self.t, self.tick = 0.0, tick
-
-    def __call__(self):
-        self.t += self.tick
-        return self.t
-
-    def sleep(self, seconds):
-        self.t += max(0.0, seconds)
+from miniengine.timeline import VirtualClock
 
 
 class Invariants:
@@ -235,11 +223,8 @@ def check_engine(ContinuousBatching, golden_path, label, **budgets):
         tok_ = checks.load_tokenizer()
         for case, out in zip(cases, generate(ContinuousBatching, cases, **budgets)):
             got, want = checks.as_tokens(out.token_ids, f"{label}{case['name']}: token_ids"), case["token_ids"]
-            t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
             checks.observe(f"{label}{case['name']}: tokens", got, expect=want)
-            assert got == want, (f"your engine, {label}{case['name']} ({case['params']}): first difference at step "
-                                 f"{t}: expected {checks.show(tok_, want[t]) if t < len(want) else 'no more tokens'}, "
-                                 f"got {checks.show(tok_, got[t]) if t < len(got) else 'no more tokens'}")
+            assert got == want, f"your engine, {label}{case['name']} ({case['params']}): {difference(tok_, got, want)}"
     return len(cases)
 
 

@@ -9,7 +9,7 @@ found (checks.observe): each operation's outcome, the slot each gathered key cam
 measured on the course's engine (preemptions, copies, sequences running together); the grader compares them with the
 answer sheet (the course's solution's observations) outside your notebook.
 
-Task 1, ``BlockManager`` (lab05_tracker.py). Your manager is driven the way the scheduler drives it: can_allocate
+Task 1, ``BlockManager`` (lab05/tracker.py). Your manager is driven the way the scheduler drives it: can_allocate
 then allocate; a decode step (num_tokens + 1), can_append then append_slot, or a preemption (free) when can_append
 says no; fork; free. After every operation: exactly the live sequences hold tables; ref_count[b] is the number of
 tables that hold b; the free list holds every free block once and no held block; free blocks and held blocks make up
@@ -30,7 +30,7 @@ result must be a tensor of shape [B, num_keys, kv_heads, head_dim] and the cache
 cache[block_tables[b, j // block_size], j % block_size]; the cache must not change. A failure says which slot a
 wrong key came from.
 
-Task 3, your engine (lab05_engine.py; after every step of the engine, exactly the running sequences hold tables,
+Task 3, your engine (lab05/engine.py; after every step of the engine, exactly the running sequences hold tables,
 each covering its cached positions, and the pool adds up; at the end every block is free again):
   engine-visible/-hidden (check_pressure): LLM on your BlockManager and your gather serves golden requests (visible:
   two of each sampling kind) in a pool a quarter of the size they would reserve. Visible: each request's tokens must
@@ -56,7 +56,8 @@ for _part in (lab05_common, lab05_tracker, lab05_engine):
     importlib.reload(_part)
 
 from autograder.labs.lab05.common import ANSWER_KEY, own_block_manager  # noqa: E402
-from autograder.labs.lab05.engine import (check_fork, check_more_than_contiguous, golden_cases, golden_fork_case, report_tokens, serve)
+from autograder.labs.lab05.engine import (check_fork, check_more_than_contiguous, golden_cases, golden_fork_case,  # noqa: E402
+                                          report_tokens, serve)
 from autograder.labs.lab05.tracker import check_random, check_scripts  # noqa: E402
 
 VISIBLE_GOLDEN = checks.VISIBLE_GOLDEN  # data/golden/visible.json: the visible prompts and their golden tokens

@@ -15,6 +15,7 @@ import torch
 
 import autograder.notebook_checks as checks
 from autograder.labs.lab05.common import check_pool, state
+from autograder.labs.shared import compare_tokens
 from miniengine import LLM, SamplingParams
 from miniengine.kv import PagedKV
 
@@ -79,19 +80,6 @@ def golden_fork_case(golden_path, name):
     """The golden file's n > 1 case of that name, from its "fork_cases"."""
     with open(golden_path) as f:
         return next(c for c in json.load(f)["fork_cases"] if c["name"] == name)
-
-
-def compare_tokens(got, want, what, seq=None):
-    """Your engine's tokens, as plain ints, against the golden ones: the first difference, decoded."""
-    tok_ = checks.load_tokenizer()
-    got = checks.as_tokens(got, f"{what}: token_ids")
-    t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    preempted = getattr(seq, "num_preemptions", 0)
-    assert got == want, (
-        f"{what}: first difference at step {t}: expected "
-        f"{checks.show(tok_, want[t]) if t < len(want) else 'no more tokens'}, got "
-        f"{checks.show(tok_, got[t]) if t < len(got) else 'no more tokens'}"
-        + (f" (this sequence was preempted {preempted} time(s) and recomputed)" if preempted else ""))
 
 
 def report_tokens(report, cases, seqs, label):

@@ -17,48 +17,8 @@ from types import SimpleNamespace
 
 import autograder.notebook_checks as checks
 from autograder.labs.lab06.common import TRUNCATE_KEY
+from autograder.labs.shared import as_ints, check_pool, state  # noqa: F401  the pool, as labs 05 and 06 check it
 from miniengine.kv import block_manager as course_blocks
-
-
-def as_ints(xs, what):
-    """Block ids as a list of plain ints (a deque, a list, a tensor...)."""
-    if isinstance(xs, (str, bytes, dict)) or not hasattr(xs, "__iter__"):
-        raise AssertionError(f"{what}: expected a list of block ids, got {type(xs).__name__}")
-    return [checks.as_count(x, f"{what}[{i}]") for i, x in enumerate(list(xs))]
-
-
-def state(bm, where):
-    """Your manager's free list, reference counts and block tables, as plain ints."""
-    free = as_ints(bm.free_blocks, f"{where}: free_blocks")
-    refs = as_ints(bm.ref_count, f"{where}: ref_count")
-    if not isinstance(bm.block_tables, dict):
-        raise AssertionError(f"{where}: block_tables must be a dict seq_id -> list of blocks, got "
-                             f"{type(bm.block_tables).__name__}")
-    tables = {checks.as_count(k, f"{where}: a key of block_tables"): as_ints(t, f"{where}: block_tables[{k!r}]")
-              for k, t in bm.block_tables.items()}
-    return free, refs, tables
-
-
-def check_pool(free, refs, tables, num_blocks, where):
-    """Reference counts equal the tables holding each block; the free list holds each free block once; no leak."""
-    assert len(refs) == num_blocks, f"{where}: ref_count has {len(refs)} entries, expected one per block ({num_blocks})"
-    held = Counter()
-    for sid, table in sorted(tables.items()):
-        bad = sorted({b for b in table if not 0 <= b < num_blocks})
-        assert not bad, f"{where}: sequence {sid}'s table holds {bad}, which are not block ids (0..{num_blocks - 1})"
-        held.update(table)
-    for b in range(num_blocks):
-        holders = [sid for sid, t in sorted(tables.items()) if b in t]
-        assert refs[b] == held[b], (f"{where}: block {b} is held by {held[b]} block table(s) (sequences {holders}), "
-                                    f"but ref_count[{b}] is {refs[b]}")
-    twice = sorted(b for b, c in Counter(free).items() if c > 1)
-    assert not twice, f"{where}: the free list holds block(s) {twice} more than once"
-    busy = sorted(set(free) & set(held))
-    assert not busy, (f"{where}: block(s) {busy} are on the free list, but a block table still holds them: a shared "
-                      f"block may go back on the free list only when its last holder lets go of it")
-    leaked = sorted(set(range(num_blocks)) - set(free) - set(held))
-    assert not leaked, (f"{where}: {len(leaked)} block(s) leaked: {leaked} are neither on the free list nor in any "
-                        f"block table")
 
 
 def own_block_manager(BlockManager):

@@ -16,6 +16,7 @@ import functools
 import json
 
 import autograder.notebook_checks as checks
+from autograder.labs import shared
 from autograder.labs.lab06.blocks import check_pool, check_truncate, state
 from autograder.labs.lab06.common import ANSWER_KEY
 from miniengine import LLM, SamplingParams
@@ -76,17 +77,9 @@ def step(engine, watch):
 
 
 def compare_tokens(got, want, what, seq=None):
-    """Your tokens against the golden ones, as plain ints; a failure names the first difference in words."""
-    tok_ = checks.load_tokenizer()
-    got = checks.as_tokens(got, f"{what}: token_ids")
-    checks.observe(f"{what}: token_ids", got, expect=want)
-    t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    preempted = getattr(seq, "num_preemptions", 0)
-    assert got == want, (
-        f"{what}: first difference at step {t}: expected "
-        f"{checks.show(tok_, want[t]) if t < len(want) else 'no more tokens'}, got "
-        f"{checks.show(tok_, got[t]) if t < len(got) else 'no more tokens'}"
-        + (f" (this sequence was preempted {preempted} time(s) and recomputed)" if preempted else ""))
+    """Your tokens against the golden ones, as plain ints, handed to the grader too; a failure names the first
+    difference in words."""
+    shared.compare_tokens(got, want, what, seq, observe=True)
 
 
 def engine_verifier(rejection_verify, watch):

@@ -18,7 +18,6 @@ from miniengine import SamplingParams
 from miniengine.sampling import STREAM_ACCEPT, keyed_uniform
 from miniengine.spec.verify import probs
 
-
 # ---------------------------------------------------------------- exact by enumeration
 
 def tolerance(prob, n):

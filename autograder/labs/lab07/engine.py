@@ -12,6 +12,7 @@ import numpy as np
 
 import autograder.notebook_checks as checks
 from autograder.labs.lab07.common import ANSWER_KEY, call, first, own_scheme, want_pool
+from autograder.labs.shared import difference
 from miniengine import LLM, SamplingParams
 from miniengine.gqa import convert
 from miniengine.layers.quant import QuantLinear
@@ -38,13 +39,10 @@ def compare(outs, cases, label, why=lambda: ""):
     for case, out in zip(cases, outs):
         got, want = checks.as_tokens(out.token_ids, f"{label}, {case['name']}: token_ids"), case["token_ids"]
         checks.observe(f"{label}, {case['name']}: token_ids", got, expect=want)
-        t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         if got != want:
             diagnosis = why()
-            raise AssertionError(
-                f"{label}: {diagnosis + '. ' if diagnosis else ''}{case['name']} ({case['params']}): first difference "
-                f"at step {t}: expected {checks.show(tok_, want[t]) if t < len(want) else 'no more tokens'}, got "
-                f"{checks.show(tok_, got[t]) if t < len(got) else 'no more tokens'}")
+            raise AssertionError(f"{label}: {diagnosis + '. ' if diagnosis else ''}{case['name']} ({case['params']}): "
+                                 f"{difference(tok_, got, want)}")
     return len(cases)
 
 

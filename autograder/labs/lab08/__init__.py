@@ -5,13 +5,13 @@ rule): a call into it, under any name, fails the test. Your functions and your c
 Every check also observes what your code gave (keys as hex, reused positions, answers, tokens, counts): the grader
 compares them with the answer sheet outside your kernel, a hidden case's with the solution's (autograder/grade/sheets.py).
 
-Task 1, ``block_key`` and ``block_keys`` (keys-visible, keys-hidden; the checks are in lab08_keys.py), on random
+Task 1, ``block_key`` and ``block_keys`` (keys-visible, keys-hidden; the checks are in lab08/keys.py), on random
   tokens and a random parent key: ``block_key(parent, tokens)`` is SHA-256 of the parent key followed by the tokens
   as int64 bytes (the test computes the task's formula with hashlib); ``block_keys`` keys the full blocks only, each
   chained with the one before it: a partial block has no key, and changing any token changes the key of its block
   and of every later block, never of an earlier one; a block's tokens after another prefix get another key.
 
-Task 2, ``PrefixCache`` on its own (cache-visible, cache-hidden; the checks are in lab08_cache.py): reuse of a
+Task 2, ``PrefixCache`` on its own (cache-visible, cache-hidden; the checks are in lab08/cache.py): reuse of a
   cached prefix (never the block of the last token), shared blocks, ``can_allocate`` counting what it finds,
   the eviction order (least recently freed first), and random admissions, growth and frees on a small pool,
   with the invariants checked after every operation: each block free, evictable or in tables, exactly once;
@@ -47,9 +47,9 @@ from miniengine.kv.block_manager import BlockManager as CourseBlockManager
 # `pristine` reloads this file only: its parts afresh too, lab08_cache first (lab08_keys imports from it)
 lab08_cache = importlib.reload(lab08_cache)
 lab08_keys = importlib.reload(lab08_keys)
-from autograder.labs.lab08.cache import (ANSWER_KEY, as_key, check_invariants, expected, lru_scenario, random_ops, reuse_scenario, said)
+from autograder.labs.lab08.cache import (ANSWER_KEY, as_key, check_invariants, expected, lru_scenario, random_ops,  # noqa: E402
+                                         reuse_scenario, said)
 from autograder.labs.lab08.keys import as_keys, check_block_keys, check_keys, sha_key  # noqa: E402, F401
-
 
 # ---------------------------------------------------------------- Task 2: PrefixCache, alone and on the engine
 

@@ -41,9 +41,9 @@ import sys
 
 import torch
 
-from autograder.qa.design.lab02_schemes import SCHEMES, FloatCache, SchemeAttention, scheme
 from autograder.hidden_outputs import HIDDEN_DIR
 from autograder.labs.lab02 import lowbit as lab02_lowbit, ppl as lab02_ppl
+from autograder.qa.design.lab02_schemes import SCHEMES, FloatCache, SchemeAttention, scheme
 from miniengine.attention import causal_attention
 
 VISIBLE_FILE, HIDDEN_FILE = lab02_lowbit.VISIBLE_TEXT, HIDDEN_DIR / "kv_text.json"

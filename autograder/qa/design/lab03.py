@@ -37,8 +37,8 @@ import sys
 import numpy as np
 
 from autograder.hidden_outputs import HIDDEN_DIR
-from miniengine.course import step_times
 from miniengine.cost import counting
+from miniengine.course import step_times
 
 HIDDEN_FILE = HIDDEN_DIR / "step_times_heldout.csv"
 HELD_OUT = (("decode", "batch", 24), ("decode", "context", 262), ("prefill", "context", 128))  # (phase, field, value)
