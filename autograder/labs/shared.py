@@ -6,6 +6,7 @@ these functions is undone before the next test runs, as for the harnesses themse
 """
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 
 import autograder.notebook_checks as checks
@@ -81,3 +82,23 @@ def check_pool(free, refs, tables, num_blocks, where):
     leaked = sorted(set(range(num_blocks)) - set(free) - set(held))
     assert not leaked, (f"{where}: {len(leaked)} block(s) leaked: {leaked} are neither on the free list nor in any "
                         f"block table")
+
+
+@contextlib.contextmanager
+def replaying(tracker):
+    """A failure inside one of a tracker's operations ends with the operations that led to it (the last eight), so
+    that you can replay them on your class. Only the outermost operation adds them: a preemption (free) happens
+    inside a decode step (append). ``tracker`` has ``history``, ``depth``, ``num_blocks`` and ``block_size``."""
+    tracker.depth += 1
+    try:
+        yield
+    except AssertionError as e:
+        if tracker.depth > 1:
+            raise
+        h = tracker.history
+        more = f"{len(h) - 8} earlier operations, then " if len(h) > 8 else ""
+        raise AssertionError(f"{str(e).rstrip('.')}. The operations so far: BlockManager(num_blocks="
+                             f"{tracker.num_blocks}, block_size={tracker.block_size}), then {more}"
+                             f"{'; '.join(h[-8:])}") from None
+    finally:
+        tracker.depth -= 1

@@ -9,13 +9,13 @@ compares them with the course's solution's, outside the kernel. Reloaded by ``au
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from types import SimpleNamespace
 
 import numpy as np
 
 import autograder.notebook_checks as checks
+from autograder.labs import shared
 from autograder.labs.lab05.common import ANSWER_KEY, as_bool, check_pool, own_block_manager, state
 
 
@@ -48,22 +48,10 @@ class Tracker:
     def verdict(self, got, want):  # a hidden case's message says what the answer was, never what it should be
         return f"answered {got}, which is wrong" if self.label.startswith("hidden") else f"should be {want}"
 
-    @contextlib.contextmanager
     def replay(self):
         """A failure inside an operation ends with the operations that led to it, so that you can replay them.
         Only the outermost operation adds them: a preemption (free) happens inside a decode step (append)."""
-        self.depth += 1
-        try:
-            yield
-        except AssertionError as e:
-            if self.depth > 1:
-                raise
-            h = self.history
-            more = f"{len(h) - 8} earlier operations, then " if len(h) > 8 else ""
-            raise AssertionError(f"{e}. The operations so far: BlockManager(num_blocks={self.num_blocks}, "
-                                 f"block_size={self.block_size}), then {more}{'; '.join(h[-8:])}") from None
-        finally:
-            self.depth -= 1
+        return shared.replaying(self)
 
     def call(self, name, *args):
         """Call one of your methods; an exception in it becomes a failure that names the operations so far."""

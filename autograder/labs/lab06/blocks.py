@@ -11,11 +11,11 @@ that the pool's rules held throughout, and the free blocks at the end.
 """
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from types import SimpleNamespace
 
 import autograder.notebook_checks as checks
+from autograder.labs import shared
 from autograder.labs.lab06.common import TRUNCATE_KEY
 from autograder.labs.shared import as_ints, check_pool, state  # noqa: F401  the pool, as labs 05 and 06 check it
 from miniengine.kv import block_manager as course_blocks
@@ -108,22 +108,9 @@ class Rollback:
     def blocks(self, n):
         return -(-n // self.block_size)
 
-    @contextlib.contextmanager
     def replay(self):
         """A failure ends with the operations that led to it, so that you can replay them on your class."""
-        self.depth += 1
-        try:
-            yield
-        except AssertionError as e:
-            if self.depth > 1:
-                raise
-            h = self.history
-            more = f"{len(h) - 8} earlier operations, then " if len(h) > 8 else ""
-            raise AssertionError(f"{str(e).rstrip('.')}. The operations so far: BlockManager(num_blocks="
-                                 f"{self.num_blocks}, block_size={self.block_size}), then {more}"
-                                 f"{'; '.join(h[-8:])}") from None
-        finally:
-            self.depth -= 1
+        return shared.replaying(self)
 
     def check_tables(self, where):
         free, refs, tables = state(self.bm, where)
