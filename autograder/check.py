@@ -1,7 +1,7 @@
 """``check NOTEBOOK``: a student's own run of the visible tests, outside JupyterLab.
 
 Runs the notebook the grader will run, in a fresh kernel: the lab's release with the student's answer cells in
-it (autograder/notebooks/assembly.py), each answer cell read first by the answer policy (autograder/answer_policy.py), so a
+it (autograder/notebooks/assembly.py), each answer cell read first by the answer policy (autograder/answer_policy/), so a
 cell the student added, a given or test cell they edited, or an answer the policy refuses, is treated here as the
 grader will treat it, and said so.  The notebook file itself is not modified.  Then it prints every test cell's
 result the way the grader would judge it.  Hidden test cells are empty in the student edition: they are listed,

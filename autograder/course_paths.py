@@ -18,6 +18,10 @@ COURSE = Path(os.environ.get("AUTOGRADER_COURSE_DIR") or REPO_ROOT / "course").r
 STUDENT = Path(os.environ.get("AUTOGRADER_STUDENT_DIR") or REPO_ROOT / "student").resolve()  # the student edition (git-ignored)
 BUILD = Path(os.environ.get("AUTOGRADER_BUILD_DIR") or REPO_ROOT / "build").resolve()        # executed notebooks (git-ignored)
 HIDDEN = REPO_ROOT / "autograder" / "hidden"
+# The instructors' part of autograder/ (autograder/README.md, Map): the student edition holds none of it
+# (autograder/edition/publish.py) and a grading kernel sees each as an empty folder (autograder/sandbox/bubblewrap.py),
+# since qa/design/ holds the design parts' references and hidden/ the hidden data.
+INSTRUCTOR_PACKAGES = ("edition", "grade", "hidden", "qa", "sandbox")
 
 
 class LabError(ValueError):

@@ -36,7 +36,7 @@ TREES = ["miniengine", "data", "lectures"]
 # whole. The others are instructors' code or hidden data, and none ships; the import-linter contract "shipped autograder
 # code imports no instructors' package" (pyproject.toml) keeps the shipped part from needing them.
 SHIPPED_PACKAGES = ["answer_policy", "labs", "notebook_checks", "notebooks", "own"]
-INSTRUCTOR_PACKAGES = ["edition", "grade", "hidden", "qa", "sandbox"]
+INSTRUCTOR_PACKAGES = list(course_paths.INSTRUCTOR_PACKAGES)
 # Tests for students: every test file marked `student_edition` (tests/conftest.py says what the mark promises, and
 # tests/autograder/test_publish.py checks that each marked file keeps it), with the helpers they import.
 STUDENT_TEST_MARK = "student_edition"

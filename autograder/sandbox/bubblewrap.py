@@ -15,7 +15,8 @@ outside; it starts the kernel through ``python -m autograder.sandbox.bubblewrap`
      either way with its own PID, network (loopback only), IPC, UTS and cgroup namespaces; a
      read-only view of /usr, /etc, the interpreter, the venv, the engine and the visible data;
      one size-capped tmpfs for /tmp, HOME and the working folder; and the runtime folder.
-     labs/, course/, autograder/hidden/ and design/, other submissions and the gradebook are not there.
+     labs/, course/, the instructors' packages of autograder/ (hidden data, design references, grading
+     code), other submissions and the gradebook are not there.
 
 The kernel talks to the worker over Unix sockets in a folder both can see (ZeroMQ's
 ``ipc`` transport), since the sandbox has no network.  Everything the sandbox started is
@@ -34,6 +35,8 @@ import sys
 from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
+
+from autograder import course_paths
 
 REPO = Path(__file__).resolve().parents[2]
 # One tmpfs holds everything the kernel may write besides the runtime folder, so that one size caps it all.
@@ -165,9 +168,11 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
         args += ["--perms", "0755", "--dir", parent]
     for path in read_only:
         args += ["--ro-bind", path, path]
-    # Inside the engine's folder: no hidden data, no design part's reference (autograder/qa/design/, an answer key
-    # for the labs' design tasks), and no other kernel's state from the venv's home.
-    for mask in (REPO / "autograder" / "hidden", REPO / "autograder" / "design", Path(sys.prefix) / "home"):
+    # Inside the engine's folder the kernel sees what a student's edition holds: none of the instructors' packages
+    # (no hidden data, no design part's reference in autograder/qa/design/, an answer key for the labs' design tasks,
+    # no grading code), and no other kernel's state from the venv's home.
+    masks = [REPO / "autograder" / name for name in course_paths.INSTRUCTOR_PACKAGES] + [Path(sys.prefix) / "home"]
+    for mask in masks:
         if mask.is_dir():
             args += ["--tmpfs", str(mask), "--remount-ro", str(mask)]
     for path in writable:

@@ -1,4 +1,4 @@
-"""The answer policy (autograder/answer_policy.py): every answer in the course passes it, and code that reaches the
+"""The answer policy (autograder/answer_policy/): every answer in the course passes it, and code that reaches the
 notebook's or the interpreter's machinery, the tests' names or the answer key does not, in plain or obfuscated form.
 
 Each refusal names the cell, the line and the construct, so a student can find and fix it.

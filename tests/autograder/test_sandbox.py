@@ -17,6 +17,7 @@ import pytest
 from autograder_support import REPO
 
 from autograder import course_paths, hidden_outputs
+from autograder.course_paths import INSTRUCTOR_PACKAGES
 from autograder.sandbox import bubblewrap, isolation
 
 HIDDEN = REPO / "autograder" / "hidden"
@@ -134,7 +135,7 @@ def test_sandbox_sees_no_hidden_data_and_cannot_write_outside_its_folder(box):
         id -u
         ls {REPO} | tr '\\n' ' '; echo
         ls {REPO}/autograder/hidden | wc -l
-        ls {REPO}/autograder/design | wc -l
+        for p in {" ".join(INSTRUCTOR_PACKAGES)}; do ls {REPO}/autograder/$p | wc -l; done | tr '\\n' ' '; echo
         cat {HIDDEN}/golden.json >/dev/null 2>&1 && echo READ-HIDDEN
         for f in / /etc /root {REPO} {REPO}/miniengine {REPO}/.venv; do touch $f/x 2>/dev/null && echo WROTE $f; done
         touch x ~/y /tmp/z && echo OWN-FOLDERS-OK
@@ -144,7 +145,10 @@ def test_sandbox_sees_no_hidden_data_and_cannot_write_outside_its_folder(box):
     assert lines[0] == str(os.getuid() if box.uid is None else box.uid), r.stdout + r.stderr
     assert lines[1].split() == ["autograder", "data", "miniengine"]  # no labs/, course/, .git
     assert lines[2] == "0"  # autograder/hidden is an empty folder inside
-    assert lines[3] == "0"  # so is autograder/design: the design parts' references and baselines
+    # so is each of the instructors' packages (qa/design/: the design parts' references and baselines), which the
+    # student edition does not hold either; each is there outside, so an empty listing inside says the mask works
+    assert lines[3].split() == ["0"] * len(INSTRUCTOR_PACKAGES), lines[3]
+    assert all(any((REPO / "autograder" / p).iterdir()) for p in INSTRUCTOR_PACKAGES)
     assert "READ-HIDDEN" not in r.stdout and "WROTE" not in r.stdout
     assert "OWN-FOLDERS-OK" in r.stdout
     assert lines[-2] == "0"  # hidden inputs appear only while a hidden test cell runs
