@@ -7,7 +7,7 @@ import numbers
 import torch
 
 from miniengine import plugs
-from miniengine.plug_check import check, check_speculative_kv
+from miniengine.plugs.conformance import check, check_speculative_kv
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 KV_LAYOUTS = ("paged", "contiguous")
@@ -25,7 +25,7 @@ class EngineConfig:
     Plug points: ``sampler``, ``kv``, ``scheduling_policy``, ``enable_chunked_prefill`` (a rule),
     ``speculative_verifier`` and ``quantization`` (a scheme) take an object of your own; None (or a string, or
     True) means the course's own part.  Each interface is declared once, as a Protocol with its lab and default,
-    in miniengine/plugs.py (``PLUG_POINTS``), and a plugged object is checked against it here, with a message
+    in miniengine/plugs/__init__.py (``PLUG_POINTS``), and a plugged object is checked against it here, with a message
     that names the field, the missing method and the lab.
     """
 
@@ -100,7 +100,7 @@ class EngineConfig:
         self._check_plugs()
 
     def _check_plugs(self):
-        """Every plugged object against its Protocol (miniengine/plugs.py)."""
+        """Every plugged object against its Protocol (miniengine/plugs/__init__.py)."""
         if self.sampler is not None:
             check("sampler", self.sampler, plugs.BatchSampler)
         if self.scheduling_policy is not None:

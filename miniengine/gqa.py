@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from miniengine.model import Llama
-from miniengine.plug_check import check
+from miniengine.plugs.conformance import check
 from miniengine.plugs import KVHeadPool
 
 

@@ -28,7 +28,7 @@ from miniengine.config import EngineConfig
 from miniengine.engine import LLMEngine
 from miniengine.outputs import CompletionOutput, RequestOutput
 from miniengine.paths import TARGET
-from miniengine.plug_check import check
+from miniengine.plugs.conformance import check
 from miniengine.sampling import SamplingParams
 from miniengine.spec.decoding import SpeculativeDecoder
 from miniengine.tokenizer import IncrementalDetokenizer, load_tokenizer

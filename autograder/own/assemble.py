@@ -1,6 +1,6 @@
 """``LLM`` from the student's lossless parts of labs 1..N, the course's where theirs is missing or fails.
 
-Each part goes in through its plug point (miniengine/plugs.py), held there to its Protocol; one that the engine
+Each part goes in through its plug point (miniengine/plugs/__init__.py), held there to its Protocol; one that the engine
 refuses falls back to the course's part with the engine's own message:
 
     lab 01  sample                     -> sampler=PerRowSampler(sample)
@@ -47,7 +47,7 @@ def build(verdicts: dict, lab: int, exclude=frozenset()):
 
     from miniengine import LLM, kv, plugs
     from miniengine.layers.sampler import PerRowSampler
-    from miniengine.plug_check import check
+    from miniengine.plugs.conformance import check
 
     refused: dict = {}
     model = _target()

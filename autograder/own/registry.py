@@ -1,6 +1,6 @@
 """The part registry: which notebook names form which part of the engine, and how each part plugs in.
 
-A *part* is what one plug point of the engine takes (``miniengine/plugs.py``), made of names a lab's notebook
+A *part* is what one plug point of the engine takes (``miniengine/plugs/__init__.py``), made of names a lab's notebook
 defines: Lab 01's sampler is ``sample`` (with the ``greedy``, ``top_k_mask`` and ``top_p_mask`` it calls, found
 by following its code), Lab 05's paged layout is ``BlockManager`` and ``gather_history``.  ``KIND`` says what
 ``own.my_engine`` does with a part:

@@ -22,7 +22,8 @@ On CUDA the engine captures every bucket at start-up (the captures' writes land 
 back afterwards), unless ``LLM(enforce_eager=True)``, vLLM's name; a capture that fails leaves the engine
 eager, with a warning.  Without CUDA, ``DecodeGraphs(..., capture=False)`` runs the same static, padded step eagerly,
 and the CPU tests also run ``capture()`` itself against a stand-in for ``torch.cuda.CUDAGraph`` that records the
-step's tensor operations once and replays only them (``tests/engine/graph_replay.py``): both are held to the golden tokens.
+step's tensor operations once and replays only them (``tests/engine/cuda_graph_emulation.py``): both are held to
+the golden tokens.
 """
 from __future__ import annotations
 

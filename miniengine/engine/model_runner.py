@@ -11,7 +11,7 @@ import torch
 
 from miniengine import plugs
 from miniengine.engine.batch import ScheduledBatch
-from miniengine.plug_check import check
+from miniengine.plugs.conformance import check
 
 
 class ModelRunner:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 
 from miniengine import plugs
-from miniengine.plug_check import check
+from miniengine.plugs.conformance import check
 from miniengine.sampling import child_params
 from miniengine.engine.batch import ScheduledBatch, emitted_tokens
 from miniengine.engine.policy import Budget, ContinuousBatching

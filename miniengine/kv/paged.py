@@ -28,7 +28,7 @@ import torch
 from miniengine import plugs
 from miniengine.kv.block_manager import BlockManager, blocks_needed
 from miniengine.kv.pool_backend import PoolBackend
-from miniengine.plug_check import check
+from miniengine.plugs.conformance import check
 
 
 def gather_history(cache: torch.Tensor, block_tables: torch.Tensor, num_keys: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ only ``max_num_seqs`` bounds the batch.
 from __future__ import annotations
 
 from miniengine import plugs
-from miniengine.plug_check import check
+from miniengine.plugs.conformance import check
 
 
 class PerSequenceKV:

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from miniengine.plug_check import check
+from miniengine.plugs.conformance import check
 from miniengine.plugs import QuantScheme
 
 

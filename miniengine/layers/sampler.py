@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from miniengine.plug_check import check
+from miniengine.plugs.conformance import check
 from miniengine.plugs import RowSampler
 from miniengine.sampling import sample_token
 

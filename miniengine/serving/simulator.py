@@ -40,7 +40,7 @@ from miniengine import plugs
 from miniengine.engine.policy import ContinuousBatching, FCFSPolicy, StaticBatching
 from miniengine.engine.scheduler import ScheduledBatch, Scheduler
 from miniengine.engine.sequence import Sequence
-from miniengine.plug_check import check
+from miniengine.plugs.conformance import check
 from miniengine.sampling import SamplingParams
 from miniengine.serving.metrics import SLO, RequestTimeline, duration, summarize
 from miniengine.serving.workloads import SimRequest, chat_workload, lognormal_lengths

@@ -29,7 +29,7 @@ import torch
 
 from miniengine import plugs
 from miniengine.engine.batch import ScheduledBatch
-from miniengine.plug_check import check, check_speculative_kv
+from miniengine.plugs.conformance import check, check_speculative_kv
 from miniengine.spec.proposer import DraftProposer
 from miniengine.spec.verify import coupled_verify, rejection_verify
 

@@ -113,6 +113,7 @@ def test_transformers_beam_search_returns_the_same_beams():
         assert out.sequences_scores.tolist() == pytest.approx([b["score"] for b in case["beams"]], abs=1e-4)
 
 
+@pytest.mark.slow  # a whole measurement (make quick leaves it out)
 @pytest.mark.parametrize("which", ["visible", "hidden"])
 def test_each_planted_mistake_changes_the_beams_of_some_case(model64, which):
     unpenalized = [c["name"] for c in cases(which) if ids_of(reference(model64, c, length_penalty=0.0))
@@ -200,6 +201,7 @@ def judged(beam_search, cell="design-beams-hidden"):
     return hidden_outputs.judge("lab01_naive_decode", cell, [{"cell": cell, "outputs": report.rows}], {"lab01_beams": data})
 
 
+@pytest.mark.slow  # a whole measurement (make quick leaves it out)
 def test_the_hidden_checks_name_the_case_and_step_without_showing_the_beams():
     assert judged(right) == (True, "")
     assert judged(right, "design-passes-hidden") == (True, "")

@@ -167,6 +167,7 @@ def test_measuring_rejects_bad_arguments(model, solution):
 
 # ---------------------------------------------------------------- the thresholds have power
 
+@pytest.mark.slow  # a whole measurement (make quick leaves it out)
 def test_the_solution_passes_every_design_test(solution, texts, monkeypatch):
     cache, backend = solution
     ratio = lab02.check_lowbit_bytes(cache, backend, ENGINE, [256, 37], "the tiny model's shape",

@@ -4,7 +4,7 @@ The graph capture itself needs CUDA (`make gpu-check` runs the golden cases with
 around it is the same code on the CPU with ``capture=False``: the buckets, the padding, the static buffers and
 the static-shape attention, held here to the golden tokens at every bucket.
 
-The capture is checked too, with a stand-in for ``torch.cuda.CUDAGraph`` (``tests/engine/graph_replay.py``): the
+The capture is checked too, with a stand-in for ``torch.cuda.CUDAGraph`` (``tests/engine/cuda_graph_emulation.py``): the
 engine's own ``capture()`` records each bucket's step once, refusing what a real capture refuses (host reads
 such as ``.item()``), and every later step replays the recorded ops with no Python in between, so a value
 frozen at capture shows up as a wrong token.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_replay import CaptureError, ReplayGraph, emulate_cuda_graphs, emulated_graph
+from cuda_graph_emulation import CaptureError, ReplayGraph, emulate_cuda_graphs, emulated_graph
 
 from miniengine import LLM, SamplingParams
 from miniengine.config import EngineConfig
@@ -70,7 +70,7 @@ def test_buckets_are_powers_of_two_then_the_batch_limit():
 @pytest.mark.parametrize("replay", [False, True])
 def test_a_step_reads_only_its_key_bucket_s_history(target, golden, monkeypatch, replay):
     """Key buckets of 2, 4 and 8 blocks of 8 positions: short contexts use the short graphs, long ones the long.
-    With ``replay``, each bucket's step is captured once and replayed (graph_replay, below)."""
+    With ``replay``, each bucket's step is captured once and replayed (cuda_graph_emulation, below)."""
     if replay:
         emulate_cuda_graphs(monkeypatch)
     engine = graphed_engine(target, 4, (1, 2, 4), block_size=8)
@@ -181,7 +181,7 @@ def test_only_the_exact_products_in_the_gpu_table_get_its_numbers():
         assert gpu_for_device(other) is None, other
 
 
-# --- The capture itself, on the CPU: graph_replay.ReplayGraph runs the captured step's ops without its Python ---
+# --- The capture itself, on the CPU: cuda_graph_emulation.ReplayGraph runs the captured step's ops, not its Python ---
 
 def test_the_replay_stand_in_catches_what_a_real_capture_would():
     """The tool first: a replay reads the static buffers afresh, freezes Python values, and refuses host reads."""

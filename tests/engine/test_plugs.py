@@ -1,4 +1,4 @@
-"""The plug points (miniengine/plugs.py): every Protocol is listed with its lab and default, every default fits it,
+"""The plug points (miniengine/plugs/): every Protocol is listed with its lab and default, every default fits it,
 and a plugged object that misses a method gets a message naming the field, the class, the method and the lab."""
 import importlib
 import inspect
@@ -14,7 +14,7 @@ from miniengine.kv import PagedKV, PerSequenceKV
 from miniengine.layers.sampler import PerRowSampler
 from miniengine.model import load_config
 from miniengine.paths import MODELS, TARGET
-from miniengine.plug_check import PlugError, check
+from miniengine.plugs.conformance import PlugError, check
 from miniengine.sampling import SamplingParams
 
 pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)

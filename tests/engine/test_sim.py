@@ -236,6 +236,7 @@ def test_batch1_goodput_rises_then_collapses():
     assert good[RATES.index(0.8)] < 0.1 * good[peak] and good[-1] < 0.1 * good[peak]
 
 
+@pytest.mark.slow  # a whole measurement (make quick leaves it out)
 def test_static_batching_raises_throughput_not_goodput():
     # the CS349D lecture 1 worked example policy 2: overloaded, static batches of 8 / 32 / 128 give several times the
     # batch-1 throughput (3 / 6 / 9 x in the worked example's sample) while seats are mostly wasted ...

@@ -210,6 +210,7 @@ def test_a_verifier_function_plugs_in_and_a_bad_answer_gets_a_clear_error(golden
         llm.generate([greedy[0]["prompt_token_ids"]], SamplingParams(**greedy[0]["params"]))
 
 
+@pytest.mark.slow  # a whole measurement (make quick leaves it out)
 def test_measured_tokens_per_call_follow_the_acceptance_rate(golden):
     """With alpha measured as accepted over ruled-on drafts, tokens per target call sit near the geometric
     prediction (the acceptances are not independent, so only roughly)."""

@@ -3,7 +3,7 @@
 Each lab builds a part of the engine and plugs it in where the course's own part sits.  A plug point is an
 interface below, stated as the engine calls it (who calls which method, when, and what must hold);
 ``PLUG_POINTS`` gives each one its milestone (lab), the course's implementation (the default, used when nothing
-is plugged in) and where it is taken.  Where a plug is taken, ``miniengine.plug_check.check`` holds it to its
+is plugged in) and where it is taken.  Where a plug is taken, ``miniengine.plugs.conformance.check`` holds it to its
 Protocol, e.g. ``scheduling_policy: StudentPolicy has no admit(waiting, running, budget) (Lab 04)``.  Strings
 and ``True`` stay shortcuts for the course's own parts (``kv_layout="paged"``, ``quantization="int8"``,
 ``speculative_verifier="coupled"``, ``enable_chunked_prefill=True``).  No serving front end (Lab 10) is built

@@ -1,4 +1,4 @@
-"""Holding a plugged object to its plug point's Protocol (miniengine/plugs.py), with a message that says what to fix.
+"""Holding a plugged object to its plug point's Protocol (miniengine/plugs/), with a message that says what to fix.
 
 ``check(field, obj, protocol)`` returns ``obj``, or raises a :class:`PlugError` that names the field, the class,
 the missing method with its signature and the lab, e.g.
