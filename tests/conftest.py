@@ -7,11 +7,13 @@
 * ``notebooks/``: the lectures' and labs' conventions, and JupyterLab in a browser.
 
 A test file is named ``test_<the module or subject it tests>.py``; a helper module is not named ``test_*``. A file
-marked ``student_edition`` ships in the student edition (autograder/edition/publish.py), so it may read no hidden data,
-no lab source and import no instructors' code (tests/autograder/test_publish.py checks each).
+marked ``student_edition`` ships in the student edition (autograder/edition/publish.py), so it may read no hidden data
+and import no instructors' code: tests/autograder/test_publish.py reads each marked file, and the guard below fails a
+marked test that opens anything in autograder/hidden/ while it runs.
 """
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -90,8 +92,40 @@ def golden():
 
 
 @pytest.fixture(scope="session")
-def hidden_golden():
+def _hidden_golden_runs():
     return json.loads((REPO_ROOT / "autograder" / "hidden" / "golden.json").read_text())
+
+
+@pytest.fixture
+def hidden_golden(request, _hidden_golden_runs):
+    """The hidden golden runs: instructors' data, which a test marked student_edition may not use."""
+    if request.node.get_closest_marker("student_edition"):
+        pytest.fail("a test marked student_edition uses hidden_golden, which the student edition does not have")
+    return _hidden_golden_runs
+
+
+# A test marked student_edition ships to students, whose edition has no autograder/hidden/: any read of it while such a
+# test runs fails that test here, in the instructors' own run (an audit hook sees every open() in this process).
+_HIDDEN_DIR = str(REPO_ROOT / "autograder" / "hidden") + os.sep
+_GUARD = {"on": False}
+
+
+def _no_hidden_reads(event, args):
+    if _GUARD["on"] and event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.path.abspath(os.fsdecode(args[0]))
+        if path.startswith(_HIDDEN_DIR):
+            raise PermissionError(f"{path}: a test marked student_edition reads hidden data, which the student "
+                                  f"edition does not have (unmark it, or leave the hidden data out)")
+
+
+sys.addaudithook(_no_hidden_reads)
+
+
+@pytest.fixture(autouse=True)
+def _student_edition_reads_no_hidden_data(request):
+    _GUARD["on"] = request.node.get_closest_marker("student_edition") is not None
+    yield
+    _GUARD["on"] = False
 
 
 def tiny_config(**overrides) -> LlamaConfig:

@@ -8,8 +8,6 @@ from scheduler_invariants import Invariants, VirtualClock, poisson_trace
 from miniengine import EngineConfig, SamplingParams
 from miniengine.engine import ContinuousBatching, LLMEngine, StaticBatching, TraceRequest, replay
 
-pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
-
 
 def serve(cases, policy, seed=0, rate=20.0, **budgets):
     clock = VirtualClock()

@@ -12,8 +12,6 @@ from miniengine.kv import PagedKV, PerSequenceKV
 from miniengine.layers.sampler import PerRowSampler
 from miniengine.sampling import gumbel_noise
 
-pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
-
 
 def params_of(case):
     return SamplingParams(**case["params"])

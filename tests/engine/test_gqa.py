@@ -13,8 +13,6 @@ from miniengine.gqa import convert, mean_pool_kv
 from miniengine.model import load_model
 from miniengine.paths import MODELS, REPO_ROOT, TARGET
 
-pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
-
 
 def test_mean_pool_averages_each_group_of_heads():
     w = torch.arange(4 * 2 * 3, dtype=torch.float32).reshape(4 * 2, 3)  # 4 heads of head_dim 2, hidden 3

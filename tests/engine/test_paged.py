@@ -17,8 +17,6 @@ from miniengine.engine import ContinuousBatching, LLMEngine, replay
 from miniengine.kv import BlockManager, PagedKV, gather_history
 from miniengine.sampling import child_seed
 
-pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
-
 
 @dataclasses.dataclass
 class FakeSeq:

@@ -13,8 +13,6 @@ from miniengine.layers.quant import (Int4GroupWise, Int8PerChannel, QuantLinear,
 from miniengine.model import load_model
 from miniengine.paths import TARGET
 
-pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
-
 
 def test_int4_pack_unpack_round_trips_every_value():
     q = torch.tensor([[v, w] for v in range(-8, 8) for w in range(-8, 8)], dtype=torch.int8).reshape(16, 32)

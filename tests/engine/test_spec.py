@@ -12,8 +12,6 @@ from miniengine.model import load_model
 from miniengine.paths import DRAFT, TARGET
 from miniengine.spec.verify import coupled_verify, draft_token, probs, rejection_verify, residual
 
-pytestmark = pytest.mark.student_edition  # ships in the student edition (tests/conftest.py)
-
 
 # ------------------------------------------------------------------ rejection sampling, by enumeration
 
