@@ -92,16 +92,9 @@ def golden():
 
 
 @pytest.fixture(scope="session")
-def _hidden_golden_runs():
+def hidden_golden():
+    """The hidden golden runs: instructors' data, which a test marked student_edition may not use (see below)."""
     return json.loads((REPO_ROOT / "autograder" / "hidden" / "golden.json").read_text())
-
-
-@pytest.fixture
-def hidden_golden(request, _hidden_golden_runs):
-    """The hidden golden runs: instructors' data, which a test marked student_edition may not use."""
-    if request.node.get_closest_marker("student_edition"):
-        pytest.fail("a test marked student_edition uses hidden_golden, which the student edition does not have")
-    return _hidden_golden_runs
 
 
 # A test marked student_edition ships to students, whose edition has no autograder/hidden/: any read of it while such a
@@ -121,9 +114,20 @@ def _no_hidden_reads(event, args):
 sys.addaudithook(_no_hidden_reads)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _student_edition_module_reads_no_hidden_data(request):
+    """The same guard while a marked module's own fixtures are made (autouse: before the module's other fixtures)."""
+    _GUARD["on"] = request.node.get_closest_marker("student_edition") is not None
+    yield
+    _GUARD["on"] = False
+
+
 @pytest.fixture(autouse=True)
 def _student_edition_reads_no_hidden_data(request):
-    _GUARD["on"] = request.node.get_closest_marker("student_edition") is not None
+    marked = request.node.get_closest_marker("student_edition") is not None
+    if marked and "hidden_golden" in request.fixturenames:  # cached by an earlier test, so no read would show
+        pytest.fail("a test marked student_edition uses hidden_golden, which the student edition does not have")
+    _GUARD["on"] = marked
     yield
     _GUARD["on"] = False
 
