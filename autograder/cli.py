@@ -72,7 +72,10 @@ def cmd_feedback(args) -> int:
 def cmd_check(args) -> int:
     from autograder import check
 
-    return check.check(Path(args.notebook), timeout=args.timeout)
+    notebook = Path(args.notebook)
+    if not notebook.suffix and not notebook.exists():  # a lab's name: lab01, or lab01_naive_decode
+        notebook = course_paths.student_notebook(args.notebook)
+    return check.check(notebook, timeout=args.timeout)
 
 
 def cmd_verify(args) -> int:
@@ -112,17 +115,31 @@ def cmd_book(args) -> int:
     return book.book(Path(args.out) if args.out else None, workers=args.workers, timeout=args.timeout)
 
 
+# Each instructors' verb and the folder it hands off to; the student edition has none of those folders (publish).
+INSTRUCTOR_VERBS = {"release": "edition", "grade": "grade", "feedback": "grade", "verify": "qa", "regress": "qa",
+                    "bench": "qa", "publish": "edition", "colab": "edition", "book": "edition"}
+
+
+def _verb(sub, name: str, help: str):
+    """A verb, listed in --help only where its folder is here: in the student edition, typing an instructors' verb
+    still parses, and says it is not in the edition (main)."""
+    here = name not in INSTRUCTOR_VERBS or (Path(__file__).parent / INSTRUCTOR_VERBS[name]).is_dir()
+    return sub.add_parser(name, **({"help": help} if here else {}))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m autograder", description="Release, grade, check and regression-run the course's notebooks.")
+    about = ("Check your lab as the grader runs it: python -m autograder check lab01"
+             if course_paths.is_student_edition() else "Release, grade, check and regression-run the course's notebooks.")
+    p = _Parser(prog="python -m autograder", description=about)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="VERB")
 
-    r = sub.add_parser("release", help="write the student notebooks to student/ (nbgrader generate_assignment)")
+    r = _verb(sub, "release", "write the student notebooks to student/ (nbgrader generate_assignment)")
     r.add_argument("labs", nargs="*", metavar="LAB", help="labs to release (default: all), e.g. lab01 or lab01_naive_decode")
     r.add_argument("--if-missing", action="store_true", help="only publish labs whose student notebook does not exist yet")
     r.add_argument("--force", action="store_true", help="overwrite student notebooks even if edited")
     r.set_defaults(func=cmd_release)
 
-    g = sub.add_parser("grade", help="grade a folder of submissions, a zip of them, or one notebook")
+    g = _verb(sub, "grade", "grade a folder of submissions, a zip of them, or one notebook")
     g.add_argument("path", metavar="PATH")
     g.add_argument("--lab", help="the lab all submissions belong to (default: from file names)")
     g.add_argument("--student", help="the student's id, when PATH is one notebook (default: from its name)")
@@ -143,23 +160,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "the answers (to test the sandbox alone; never to grade students; recorded in grades.json)")
     g.set_defaults(func=cmd_grade)
 
-    f = sub.add_parser("feedback", help="write one HTML page per graded student, hidden tests removed")
+    f = _verb(sub, "feedback", "write one HTML page per graded student, hidden tests removed")
     f.add_argument("labs", nargs="*", metavar="LAB")
     f.add_argument("--student", action="append", help="only this student (repeatable)")
     f.set_defaults(func=cmd_feedback)
 
-    c = sub.add_parser("check", help="run the visible tests of your notebook and print each result")
-    c.add_argument("notebook", metavar="NOTEBOOK")
+    c = _verb(sub, "check", "run the visible tests of your notebook and print each result")
+    c.add_argument("notebook", metavar="NOTEBOOK", help="your notebook's path, or a lab's name (lab01): your copy of it")
     c.add_argument("--timeout", type=_positive(int), default=120, help="seconds per cell (default 120)")
     c.set_defaults(func=cmd_check)
 
-    v = sub.add_parser("verify", help="prove each lab's tests sound: solution full marks, stub zero, hidden tests fail on the stub")
+    v = _verb(sub, "verify", "prove each lab's tests sound: solution full marks, stub zero, hidden tests fail on the stub")
     v.add_argument("labs", nargs="*", metavar="LAB")
     v.add_argument("--workers", type=_positive(int), default=2)
     v.add_argument("--timeout", type=_positive(int), default=60)
     v.set_defaults(func=cmd_verify)
 
-    rg = sub.add_parser("regress", help="run every lecture and lab source notebook with papermill (FAST=True)")
+    rg = _verb(sub, "regress", "run every lecture and lab source notebook with papermill (FAST=True)")
     rg.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="only these notebooks (default: all)")
     rg.add_argument("--workers", type=_positive(int), default=1)
     rg.add_argument("--timeout", type=_positive(int), default=300, help="seconds per cell (default 300)")
@@ -167,23 +184,23 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--device", default="cpu", help="the notebooks' DEVICE parameter: cpu (default) or cuda")
     rg.set_defaults(func=cmd_regress)
 
-    b = sub.add_parser("bench", help="time one grade, a folder of copies with workers, and regress of lecture 01 + lab 01")
+    b = _verb(sub, "bench", "time one grade, a folder of copies with workers, and regress of lecture 01 + lab 01")
     b.add_argument("--copies", type=_positive(int), default=20)
     b.add_argument("--workers", type=_positive(int), default=2)
     b.add_argument("--lab", default="lab01")
     b.set_defaults(func=cmd_bench)
 
-    pu = sub.add_parser("publish", help="write the student edition (released labs, lectures, engine, no solutions or hidden data) to OUT_DIR")
+    pu = _verb(sub, "publish", "write the student edition (released labs, lectures, engine, no solutions or hidden data) to OUT_DIR")
     pu.add_argument("out", metavar="OUT_DIR")
     pu.add_argument("--force", action="store_true", help="replace what OUT_DIR holds (its .git is kept)")
     pu.set_defaults(func=cmd_publish)
 
-    co = sub.add_parser("colab", help="rewrite the notebooks' Colab badges and setup cells from [tool.miniengine] in pyproject.toml")
+    co = _verb(sub, "colab", "rewrite the notebooks' Colab badges and setup cells from [tool.miniengine] in pyproject.toml")
     co.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="only these notebooks (default: every lecture and lab)")
     co.add_argument("--check", action="store_true", help="only list the notebooks that disagree; exit 1 if any")
     co.set_defaults(func=cmd_colab)
 
-    bk = sub.add_parser("book", help="render every lecture, executed (FAST=True), to static HTML with an index")
+    bk = _verb(sub, "book", "render every lecture, executed (FAST=True), to static HTML with an index")
     bk.add_argument("out", nargs="?", metavar="OUT_DIR", help="default build/book")
     bk.add_argument("--workers", type=_positive(int), default=1)
     bk.add_argument("--timeout", type=_positive(int), default=300, help="seconds per cell (default 300)")

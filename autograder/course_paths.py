@@ -69,5 +69,21 @@ def find_labs(names=None) -> list[Lab]:
     return chosen
 
 
+def is_student_edition() -> bool:
+    """The student edition (``publish``) keeps each lab's pristine release in autograder/released/; labs/ then holds
+    the notebooks students edit, where the instructors' labs/ holds the sources."""
+    return (REPO_ROOT / "autograder" / "released").is_dir()
+
+
+def student_notebook(name: str) -> Path:
+    """Your copy of a lab's notebook, for ``check lab01``: labs/<lab>/ in the student edition, student/<lab>/ in the
+    instructors' (where ``make lab`` publishes the labs)."""
+    lab = find_labs([name])[0]
+    path = lab.source if is_student_edition() else lab.student
+    if not path.is_file():
+        raise LabError(f"{path}: no such notebook (run `make lab` to publish the labs, or give the notebook's path)")
+    return path
+
+
 def lectures() -> list[Path]:
     return sorted(LECTURES.glob("*.ipynb")) if LECTURES.is_dir() else []

@@ -52,7 +52,8 @@ STUDENT_SECTION = """\
 
 1. `make lab`. JupyterLab opens on the course: the lectures are in `lectures/`, your lab notebooks in `labs/`.
 2. Read the lecture, then work the lab in order: each task has a cell for your code, then visible tests.
-3. Check the whole lab from a terminal: `.venv/bin/python -m autograder check labs/lab01_naive_decode/lab01_naive_decode.ipynb`.
+3. Check the whole lab from a terminal: `.venv/bin/python -m autograder check lab01` (your copy, in `labs/`; a
+   notebook's path works too).
    It runs a copy of your notebook in a fresh kernel and prints each visible test's result; the hidden
    tests are listed, and run when your notebook is graded.
 4. Submit the notebook (the `.ipynb` file) as your instructor asks. Hidden tests run on other prompts: make

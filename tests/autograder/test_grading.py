@@ -315,3 +315,17 @@ def test_the_in_process_alembic_head_is_what_alembic_heads_prints(tmp_path):
     with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
         stamped = gb.db.execute(nbgrader.api.text("select version_num from alembic_version")).scalar()
     assert stamped == printed
+
+
+def test_check_takes_a_labs_name_for_your_copy(tmp_path, monkeypatch):
+    """`check lab01`: the student's copy (student/ here, labs/ in the student edition), or a message that says what to do."""
+    monkeypatch.setattr(course_paths, "STUDENT", tmp_path)
+    with pytest.raises(course_paths.LabError, match=r"lab01_naive_decode.ipynb: no such notebook \(run `make lab`"):
+        course_paths.student_notebook("lab01")
+    mine = tmp_path / "lab01_naive_decode" / "lab01_naive_decode.ipynb"
+    mine.parent.mkdir()
+    mine.write_text("{}")
+    assert course_paths.student_notebook("lab01") == mine == course_paths.student_notebook("lab01_naive_decode")
+    with pytest.raises(course_paths.LabError, match=r"no lab named 'lab99' \(labs: lab01_naive_decode, "):
+        course_paths.student_notebook("lab99")
+

@@ -279,13 +279,21 @@ def test_the_edition_checks_labs_but_has_no_instructor_verbs(edition):
         r = subprocess.run([sys.executable, "-S", "-m", "autograder", *verb.split()], cwd=edition,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "not in the student edition" in r.stderr and "Traceback" not in r.stderr, explain(r)
+    # --help lists what the edition can do, and `check lab01` finds the student's copy in labs/
+    r = subprocess.run([sys.executable, "-S", "-m", "autograder", "--help"], cwd=edition, capture_output=True, text=True,
+                       timeout=120)
+    listed = {line.split()[0] for line in r.stdout.splitlines() if line.startswith("    ") and line.split()}
+    assert r.returncode == 0 and listed == {"check"} and "check lab01" in r.stdout, explain(r)
+    probe = "from autograder import course_paths; print(course_paths.student_notebook('lab01'))"
+    r = subprocess.run([sys.executable, "-c", probe], cwd=edition, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and Path(r.stdout.strip()) == edition / "labs" / LAB_SOURCES[0].parent.name / LAB_SOURCES[0].name
 
 
 def test_the_edition_readme_gives_the_two_commands_and_no_instructor_section(edition):
     readme = (edition / "README.md").read_text(encoding="utf-8")
     assert "make lab" in readme[:1500] and "make test" in readme[:1500]
     assert "## For students" in readme and "## For instructors" not in readme and "autograder grade" not in readme
-    assert "python -m autograder check labs/" in readme
+    assert "python -m autograder check lab01" in readme and "in `labs/`" in readme
 
 
 # ---- what ships, by rule ----
