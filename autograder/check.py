@@ -12,6 +12,7 @@ Exit status 0 when every visible test passed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -87,7 +88,7 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
             print(f"  {t.grade_id:<{width}}  {t.max_points:g} pts  hidden: runs when your notebook is graded")
             continue
         score, _ = determine_grade(cell)
-        r = results.judge(cell, score, t, timeout)
+        r, shown = as_graded(results.judge(cell, score, t, timeout), cell)
         outcomes[t.grade_id] = (r.status, r.message)
         visible_n += 1
         visible_ok += r.status == results.PASSED
@@ -95,6 +96,8 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
         label = " (hidden)" if t.hidden else ""
         line = f"  {t.grade_id:<{width}}  {t.max_points:g} pts  {r.status}{label}" + (f": {r.message}" if r.message else "")
         print(results.indented(line, width + 4))  # a message of several lines, whole, its later lines indented
+        for words in shown:
+            print(results.indented(f"  {'':<{width}}  {words}", width + 8))
         if t.grade_id in edited:
             how = "it was checked with the original, as the grader will" if t.grade_id in restored else "the grader runs the original"
             print(f"  {'':<{width}}  note: you edited this test cell; {how}")
@@ -112,6 +115,43 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
     kind = "visible tests" if any(_is_empty(t.source) for t in tests) or not any(t.hidden for t in tests) else "tests"
     print(f"\n{visible_ok} of {visible_n} {kind} passed ({points:g} of {max_points:g} points) in {seconds:.0f} s")
     return 0 if visible_ok == visible_n else 1
+
+
+def as_graded(r: results.TestResult, cell) -> tuple[results.TestResult, list[str]]:
+    """A visible cell's result as the grader will give it, judged on what the cell measured, and the lines that show
+    those measurements: a design target's value beside its target and the course baseline's, with the share of
+    points it earns (ledger.credit); a value checked only when graded counts 0 points here, and says so."""
+    from autograder.notebook_checks import ledger
+
+    try:
+        rows = ledger.observations(cell) or []
+    except ValueError:
+        return r, []
+    targets = [row for row in rows if ("at_most" in row or "at_least" in row) and not row.get("when_graded")]
+    later = [row for row in rows if row.get("when_graded")]
+    shown = []
+    for row in targets:
+        bound = f"at most {row['at_most']:.6g}" if "at_most" in row else f"at least {row['at_least']:.6g}"
+        base = f"; the course baseline: {row['baseline']:.6g}" if "baseline" in row else ""
+        value = f"{row['value']:.6g}" if isinstance(row["value"], (int, float)) else repr(row["value"])
+        shown.append(f"measured {row['label']}: {value} (target: {bound}{base})")
+    if later:
+        shown.append(f"checked only when graded, 0 of {r.max_points:g} points counted here: "
+                     + ", ".join(row["label"] for row in later))
+    if r.status != results.PASSED:
+        return r, shown
+    if later:
+        return dataclasses.replace(r, points=0.0), shown
+    missed = [(ledger.row_credit(row["value"], row), ledger.missed_target(row["value"], row))
+              for row in targets if ledger.row_credit(row["value"], row) < 1]
+    if not missed:
+        return r, shown
+    share, message = min(missed, key=lambda m: m[0])
+    points = round(r.max_points * share, 2)
+    if points <= 0:
+        return dataclasses.replace(r, points=0.0, status=results.FAILED, message=message), shown
+    return dataclasses.replace(r, points=points, status=results.PARTIAL,
+                               message=f"partial credit, {points:g} of {r.max_points:g} points: {message}"), shown
 
 
 def save_own(notebook: Path, nb, outcomes: dict) -> None:

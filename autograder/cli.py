@@ -46,6 +46,8 @@ def cmd_release(args) -> int:
 
 
 def cmd_grade(args) -> int:
+    import nbformat
+
     from autograder import results
     from autograder.grade import autograde
 
@@ -58,6 +60,12 @@ def cmd_grade(args) -> int:
     results.log_run(out, graded)
     print()
     print(results.table(graded, details=not args.brief))
+    for lab in labs:
+        manual = results.answer_cells(nbformat.read(course_paths.Lab(lab).source, as_version=4))
+        if manual:
+            print(f"\n{lab}: the scores above are the autograded part; {len(manual)} answers for a TA carry "
+                  f"{sum(p for _, p in manual):g} more points ({', '.join(g for g, _ in manual)}): grade them in "
+                  f"nbgrader's formgrader, where each shows its model answer and rubric")
     print(f"\nwrote {csv_path} and {json_path}"
           + (f" (merged: {kept} student(s) graded earlier keep their latest grade)" if kept else ""))
     return 0

@@ -2,6 +2,7 @@
 
 A test cell's status is one of:
     passed            full points
+    partial           a design target missed, but better than the course's baseline: a share of the points
     failed            an assertion failed (the message says which case, step and token)
     error             any other exception, e.g. NameError or NotImplementedError, or the kernel died
     timeout           the cell ran past the per-cell limit, or the whole notebook past the per-student one
@@ -19,9 +20,9 @@ from pathlib import Path
 
 from autograder.notebooks.execute import KERNEL_DIED, NOT_RUN, TIMEOUT
 
-PASSED, FAILED, ERROR, TIMED_OUT, MISSING, CORRUPT = (
-    "passed", "failed", "error", "timeout", "missing test cell", "corrupt notebook")
-STATUSES = (PASSED, FAILED, ERROR, TIMED_OUT, MISSING, CORRUPT)
+PASSED, PARTIAL, FAILED, ERROR, TIMED_OUT, MISSING, CORRUPT = (
+    "passed", "partial", "failed", "error", "timeout", "missing test cell", "corrupt notebook")
+STATUSES = (PASSED, PARTIAL, FAILED, ERROR, TIMED_OUT, MISSING, CORRUPT)
 
 
 @dataclasses.dataclass
@@ -67,6 +68,14 @@ class StudentResult:
 
     def count(self, status: str) -> int:
         return sum(t.status == status for t in self.tests)
+
+
+def answer_cells(nb) -> list[tuple[str, float]]:
+    """The lab's answers for a TA (its reflection questions): nbgrader's manually graded cells with points, as
+    (grade id, points).  The autograder scores none of them; nbgrader's formgrader shows each with its rubric."""
+    return [(c.metadata.nbgrader["grade_id"], float(c.metadata.nbgrader.get("points", 0))) for c in nb.cells
+            if c.get("metadata", {}).get("nbgrader", {}).get("grade") and c.metadata.nbgrader.get("solution")
+            and float(c.metadata.nbgrader.get("points", 0)) > 0]
 
 
 def test_cells(nb) -> list[TestCell]:
@@ -242,12 +251,12 @@ def log_run(out: Path, graded: list[StudentResult]) -> Path:
 
 def table(results: list[StudentResult], details: bool = True) -> str:
     """The summary a grader reads first: one row per student, then what went wrong, test by test."""
-    heads = ["student", "lab", "score", "passed", "failed", "error", "timeout", "missing", "seconds"]
+    heads = ["student", "lab", "score", "passed", "partial", "failed", "error", "timeout", "missing", "seconds"]
     rows = []
     for r in results:
         corrupt = r.count(CORRUPT) > 0
         rows.append([r.student, r.lab, f"{r.score:g}/{r.max_score:g}",
-                     *(str(r.count(s)) for s in (PASSED, FAILED, ERROR, TIMED_OUT, MISSING)),
+                     *(str(r.count(s)) for s in (PASSED, PARTIAL, FAILED, ERROR, TIMED_OUT, MISSING)),
                      f"{r.seconds:.1f}"] + (["corrupt notebook"] if corrupt else []))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(heads)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths))]

@@ -23,7 +23,7 @@ from autograder import course_paths, results
 from autograder.grade import verdicts
 
 SHEETS = Path(os.environ.get("AUTOGRADER_SHEETS_DIR") or course_paths.REPO_ROOT / "build" / "sheets").resolve()
-RULE_KEYS = ("tol", "rel", "at_most", "at_least", "judge")
+RULE_KEYS = ("tol", "rel", "at_most", "at_least", "judge", "baseline")
 # What the observations depend on, besides the lab's own source notebook.
 INPUTS = [("autograder", "*.py"), ("miniengine", "*.py"), ("data", "*"), ("autograder/hidden", "*")]
 

@@ -6,6 +6,11 @@ kernel.  Here, outside the sandbox, each observation is compared with the sheet'
 within).  A cell that passed in the kernel passes only if it reported exactly the sheet's labels and every value
 holds; a failure in the kernel stands as it is.  A hidden test's message names the label and, for a list, where
 it first differs, never the expected value.
+
+A design target with a baseline (``ledger.credit``) that is missed earns a share of the cell's points, the smallest
+share of its scaled rows, as long as every other row holds: status ``partial``, or ``failed`` at a share of 0.  A
+judge of the worker's own (yardsticks.JUDGES) answers None (it holds), a message (it fails), or (share, message)
+for a scaled target it missed.
 """
 from __future__ import annotations
 
@@ -14,23 +19,7 @@ import math
 
 from autograder import results
 from autograder.grade.yardsticks import JUDGES  # the grader's own comparisons, for truths that never enter the kernel
-from autograder.notebook_checks.ledger import MIME
-
-
-def observations(cell) -> list[dict] | None:
-    """Every row the cell's checks handed out, in order; None when the cell handed out nothing at all."""
-    payloads = [o["data"][MIME] for o in cell.get("outputs", [])
-                if o.get("output_type") in ("display_data", "execute_result") and MIME in o.get("data", {})]
-    if not payloads:
-        return None
-    rows = []
-    for p in payloads:
-        if not (isinstance(p, dict) and isinstance(p.get("rows"), list)):
-            raise ValueError("malformed")
-        rows += p["rows"]
-    if not all(isinstance(r, dict) and isinstance(r.get("label"), str) and "value" in r for r in rows):
-        raise ValueError("malformed")
-    return rows
+from autograder.notebook_checks.ledger import missed_target, observations, row_credit
 
 
 def _number(x) -> bool:
@@ -73,17 +62,19 @@ def _short(value, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def compare(value, row: dict, hidden: bool) -> str | None:
-    """None when ``value`` holds against the sheet's ``row``; else what is wrong, in the student's terms."""
+def compare(value, row: dict, hidden: bool):
+    """None when ``value`` holds against the sheet's ``row``; else what is wrong, in the student's terms, or for a
+    scaled target missed (a row with a baseline), (the share it earns, what is wrong)."""
     label = row["label"]
     if "judge" in row:
         judge = JUDGES.get(row["judge"])
         return judge(value, row) if judge else f"{label}: the grader has no judge named {row['judge']!r}"
-    for key, op, words in (("at_most", lambda v, b: v <= b, "at most"), ("at_least", lambda v, b: v >= b, "at least")):
+    for key, op in (("at_most", lambda v, b: v <= b), ("at_least", lambda v, b: v >= b)):
         if key in row:
-            if not _number(value):
-                return f"{label}: expected a finite number, got {_short(value, 60)}"
-            return None if op(value, row[key]) else f"{label}: {value:.6g}, where {words} {row[key]:.6g} is required"
+            if _number(value) and op(value, row[key]):
+                return None
+            message = missed_target(value, row)
+            return (row_credit(value, row), message) if "baseline" in row else message
     want = row.get("expect")
     ok = (_close(value, want, row.get("tol", 0.0), row.get("rel", 0.0)) if ("tol" in row or "rel" in row)
           else _same(value, want))
@@ -128,5 +119,20 @@ def judge(test: results.TestResult, cell, sheet_rows: list[dict] | None) -> resu
     if not problems:
         return test
     head = "hidden: " if test.hidden else ""
-    more = f" ({len(problems) - 1} more)" if len(problems) > 1 else ""
-    return failed(f"{head}{problems[0]}{more}")
+    hard = [p for p in problems if isinstance(p, str)]
+    if hard:  # something is wrong, not merely short of a target: no share
+        words = [p if isinstance(p, str) else p[1] for p in problems]
+        more = f" ({len(words) - 1} more)" if len(words) > 1 else ""
+        return failed(f"{head}{hard[0]}{more}")
+    return scaled(test, problems, head)
+
+
+def scaled(test: results.TestResult, problems: list[tuple[float, str]], head: str = "") -> results.TestResult:
+    """The cell's share of its points when only scaled targets were missed: the smallest share of them."""
+    share, message = min(problems, key=lambda p: p[0])
+    points = round(test.max_points * max(0.0, min(1.0, float(share))), 2)
+    more = f" ({len(problems) - 1} more target(s) missed)" if len(problems) > 1 else ""
+    if points <= 0:
+        return dataclasses.replace(test, points=0.0, status=results.FAILED, message=f"{head}{message}{more}")
+    return dataclasses.replace(test, points=points, status=results.PARTIAL,
+                               message=f"{head}partial credit, {points:g} of {test.max_points:g} points: {message}{more}")

@@ -66,6 +66,8 @@ def _my_engine(n: int, namespace: dict, serve: bool):
         saved = (f"saved your Lab {n:02d} cells to {shown}" if wrote else
                  f"no Lab {n:02d} cell of yours in this namespace: {shown} stays as it was")
         saved += f"; no cell found for {', '.join(lost)}" if lost else ""
+    except PermissionError as e:  # a notebook outside this checkout (save.elsewhere): the whole reason, uncut
+        saved = f"your Lab {n:02d} cells were {e}; the engine uses what mine/ holds"
     except Exception as e:
         saved = f"could not save your Lab {n:02d} cells ({first_line(e)}); the engine uses what mine/ holds"
     verdicts = parts.judge_up_to(n)

@@ -1,7 +1,15 @@
-"""Saving a lab's graded definitions as the student's own module, ``mine/labNN.py``, and ``check``'s results with it."""
+"""Saving a lab's graded definitions as the student's own module, ``mine/labNN.py``, and ``check``'s results with it.
+
+``mine/`` belongs to the course checkout it is in: only a notebook that lives in that checkout (its labs/, or any
+folder under its root; on Colab the setup cell works in /content/course) saves there.  A copy checked or run from
+elsewhere leaves it as it was and says why, so the table of whose parts the engine holds never shows a file the
+student did not write in their own edition.  ``$MINIENGINE_MINE`` is the student's explicit choice of folder, and
+then any notebook saves there.
+"""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -38,6 +46,21 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
+def elsewhere(place: Path) -> str | None:
+    """None when a notebook at ``place`` (its file, or a kernel's working folder) saves into this checkout's mine/;
+    else why it does not."""
+    from autograder import course_paths
+
+    if os.environ.get("MINIENGINE_MINE"):
+        return None
+    try:
+        Path(place).resolve().relative_to(course_paths.REPO_ROOT)
+        return None
+    except ValueError:
+        return (f"{place} is outside this course checkout ({course_paths.REPO_ROOT}), whose mine/ keeps the parts of "
+                f"the notebooks in it; work in your copy under labs/ there, or set MINIENGINE_MINE to choose a folder")
+
+
 def write(lab: int, text: str) -> tuple[Path, bool]:
     """Write the module unless its body is what is there already (a new date alone is no change)."""
     path = status.module_path(lab)
@@ -54,6 +77,8 @@ def from_kernel(lab: int, ns: dict) -> tuple[Path, list[str], bool]:
     """Save the cells behind this lab's graded names in a live namespace.  Returns the path, the names whose cell
     was not found, and whether anything was saved: a namespace without one of the lab's cells (a script, another
     lab's notebook) leaves the module as it was."""
+    if elsewhere(Path.cwd()):
+        raise PermissionError(f"not saved: {elsewhere(Path.cwd())}")
     given, shown = _given(lab)
     text, lost, cells = source.from_kernel(lab, ns, graded_names(lab), given, shown)
     if not cells:
@@ -83,6 +108,9 @@ def from_check(notebook: Path, nb: dict, outcomes: dict) -> str | None:
     lab = lab_of_notebook(notebook, nb)
     if lab is None:
         return None
+    why = elsewhere(Path(notebook))
+    if why:
+        return f"your Lab {lab:02d} parts were not saved: {why}"
     text = source.from_notebook(lab, nb, str(notebook))
     path, _ = write(lab, text)
     sha = status.sha256(source.body_of(text))

@@ -52,6 +52,9 @@ def baseline_problems(module, baseline: results.StudentResult) -> list[str]:
             found.append(f"{module.__name__}.MUST_FAIL names {gid}, which is not a test cell of the lab")
         elif by[gid].status == results.PASSED:
             found.append(f"the baseline ({module.BASELINE_NAME}) passes {gid}: its threshold has no power")
+        elif by[gid].status == results.PARTIAL:  # partial credit starts above the baseline, so it must earn nothing
+            found.append(f"the baseline ({module.BASELINE_NAME}) earns {by[gid].points:g} points on {gid}: "
+                         f"{by[gid].message}")
         elif by[gid].status != results.FAILED:  # an error or a timeout proves nothing about the threshold
             found.append(f"the baseline ({module.BASELINE_NAME}) did not fail {gid} on its measure but with "
                          f"{by[gid].status}: {by[gid].message}")

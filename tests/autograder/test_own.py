@@ -42,8 +42,10 @@ def nb_of(lab):
 # Labs 01-03 solved: their solution cells saved as the student's, the way `check` saves them; labs 02 and 03 with
 # every visible test recorded as passed, as `check` records them, lab 01 without (the last cell runs its tests).
 save.write(1, source.from_notebook(1, nb_of(1)))
-for lab in (2, 3):
-    path = next(labs.glob(f"lab{lab:02d}_*/lab{lab:02d}_*.ipynb"))
+for lab in (2, 3):  # the solved notebook put in the edition's labs/, where a student's own copy lives
+    src = next(labs.glob(f"lab{lab:02d}_*/lab{lab:02d}_*.ipynb"))
+    path = Path("labs") / src.parent.name / f"solved_{src.name}"
+    path.write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
     save.from_check(path, nb_of(lab), {t.grade_id: ("passed", "") for t in status.visible_tests(lab)})
 ns = {"__name__": "__main__", "FAST": True, "DEVICE": "cpu", "SEED": 0}  # lab 03's kernel: one file per cell
 exec("\n".join(source.preamble(source.solution_cells(nb_of(3)), source.given_cells(nb_of(3)))), ns)
@@ -171,6 +173,23 @@ def test_check_records_results_that_a_last_cell_reads_without_rerunning(mine_fol
     verdicts = {v.part.key: v for v in parts.judge_lab(5, live=False)}
     assert verdicts["gather"].yours is False and "engine-visible failed" in verdicts["gather"].why
     assert "p3-top_k: step 5 differs" in verdicts["block_manager"].why and "more lines" not in verdicts["block_manager"].why
+
+
+def test_a_notebook_from_outside_the_checkout_leaves_mine_as_it_was(mine_folder, monkeypatch, tmp_path):
+    from autograder.own import save, status
+
+    nb = notebook(5)
+    outcomes = {c["metadata"]["nbgrader"]["grade_id"]: ("passed", "") for c in nb["cells"]
+                if c["metadata"].get("nbgrader", {}).get("grade_id", "").endswith("-visible")}
+    monkeypatch.delenv("MINIENGINE_MINE")
+    monkeypatch.setattr(status, "module_path", lambda lab: tmp_path / "mine" / f"lab{lab:02d}.py")
+    copy = tmp_path / "cheat" / "lab05_paged_attention.ipynb"
+    line = save.from_check(copy, nb, outcomes)
+    assert "were not saved" in line and "outside this course checkout" in line and "MINIENGINE_MINE" in line
+    assert not (tmp_path / "mine").exists()
+    monkeypatch.chdir(tmp_path)  # a kernel started from a copy elsewhere
+    with pytest.raises(PermissionError, match="outside this course checkout"):
+        save.from_kernel(5, {"__name__": "__main__"})
 
 
 @pytest.mark.parametrize("lab", [1, 2, 5, 8])  # the four engines: default, contiguous, paged, prefix cache + chunks

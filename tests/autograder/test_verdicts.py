@@ -82,3 +82,40 @@ def test_observe_takes_plain_values_only():
         ledger.observe("not plain", object())
     ledger.flush()  # outside a kernel: nobody to hand them to, and nothing is kept
     assert ledger.pending() == []
+
+
+# ---------------------------------------------------------------- partial credit for design targets
+
+SCALED = [{"label": "bytes ratio", "expect": 0.2, "at_most": 0.3, "baseline": 1.0}]
+
+
+@pytest.mark.parametrize("value,status,points", [(0.25, results.PASSED, 2.0), (0.3, results.PASSED, 2.0),
+                                                 (0.65, results.PARTIAL, 1.0), (1.0, results.FAILED, 0.0),
+                                                 (1.7, results.FAILED, 0.0), ("nan", results.FAILED, 0.0)])
+def test_a_scaled_target_earns_a_share_between_the_baseline_and_the_target(value, status, points):
+    r = verdicts.judge(passed(), cell({"label": "bytes ratio", "value": value}), SCALED)
+    assert (r.status, r.points) == (status, points), r.message
+    if status == results.PARTIAL:
+        assert "partial credit, 1 of 2 points" in r.message and "none at the course baseline's 1" in r.message
+
+
+def test_a_wrong_output_beside_a_scaled_target_earns_nothing():
+    sheet = SCALED + [{"label": "tokens", "expect": [1, 2]}]
+    r = verdicts.judge(passed(), cell({"label": "bytes ratio", "value": 0.65}, {"label": "tokens", "value": [1, 3]}), sheet)
+    assert (r.status, r.points) == (results.FAILED, 0.0) and "tokens" in r.message
+
+
+def test_the_smallest_share_counts_and_a_judge_may_answer_a_share(monkeypatch):
+    monkeypatch.setitem(verdicts.JUDGES, "quarter", lambda value, row: (0.25, f"{row['label']}: a quarter"))
+    sheet = SCALED + [{"label": "hidden ppl", "expect": 0, "judge": "quarter"}]
+    r = verdicts.judge(passed(), cell({"label": "bytes ratio", "value": 0.65}, {"label": "hidden ppl", "value": 1}), sheet)
+    assert (r.status, r.points) == (results.PARTIAL, 0.5) and "a quarter" in r.message
+
+
+def test_credit_is_linear_and_clamped_both_ways():
+    assert ledger.credit(0.5, at_most=0.2, baseline=0.8) == pytest.approx(0.5)
+    assert ledger.credit(14.0, at_least=20.0, baseline=10.0) == pytest.approx(0.4)
+    assert ledger.credit(9.0, at_least=20.0, baseline=10.0) == 0.0 and ledger.credit(25.0, at_least=20.0) == 1.0
+    assert ledger.credit(0.5, at_most=0.2) == 0.0 and ledger.credit(float("nan"), at_most=1.0, baseline=2.0) == 0.0
+    with pytest.raises(ValueError, match="one target"):
+        ledger.credit(1.0, at_most=1.0, at_least=0.0)
