@@ -44,6 +44,14 @@ truncate):
 Task 3, your engine (engine-visible/-hidden, lab06/engine.py): the same engine on your verifier and your truncate
   serves the greedy golden requests token for token (hidden: compared by the grader), and sampled requests checked
   for the engine's invariants only (an answer must never re-draw a rejected draft).
+
+Design, your ``PromptLookupProposer`` (lab06/design.py):
+  design-args-visible: bad constructor arguments raise ValueError naming the field.
+  design-lookup-visible/-hidden: the golden prompts (hidden: other prompts), greedy, 128 tokens, through your
+  proposer in the course's engine with the coupled verifier: the tokens must be plain decoding's, and the engine's
+  own counts give tokens per target call (at least MIN_TOKENS_PER_CALL, partial credit down to plain decoding's 1.0)
+  and rejected drafts per emitted token (at most MAX_REJECTED_PER_TOKEN). No model may run while it proposes.
+Numbers (numbers): each is a finite number here; its value is compared with the right one when graded.
 """
 from __future__ import annotations
 
@@ -53,19 +61,23 @@ import torch
 
 from autograder import notebook_checks as checks  # noqa: F401  (the cells reach HiddenReport through lab.checks)
 from autograder.labs.lab06 import (blocks as lab06_blocks, chisquare as lab06_chisquare, common as lab06_common,  # noqa: E402
-                                   engine as lab06_engine, verifier as lab06_verifier)
+                                   design as lab06_design, engine as lab06_engine, verifier as lab06_verifier)
 
 # `pristine` reloads this file only: its parts afresh too, each one's dependencies before it.
-for _part in (lab06_common, lab06_verifier, lab06_chisquare, lab06_blocks, lab06_engine):
+for _part in (lab06_common, lab06_verifier, lab06_chisquare, lab06_blocks, lab06_engine, lab06_design):
     importlib.reload(_part)
 
 from autograder.labs.lab06.blocks import check_scripts, own_block_manager  # noqa: E402
 from autograder.labs.lab06.chisquare import check_chi_square  # noqa: E402
 from autograder.labs.lab06.common import ANSWER_KEY, TRUNCATE_KEY  # noqa: E402
+from autograder.labs.lab06.design import (check_lookup, check_lookup_hidden, check_numbers,  # noqa: E402
+                                          check_proposer_arguments, report_numbers, speculative_engine)
 from autograder.labs.lab06.engine import check_same_tokens, of_each_kind, on_the_engine, report_run, visible_golden
 from autograder.labs.lab06.verifier import check_enumeration, check_keyed  # noqa: E402
 
 torch.set_num_threads(1)  # the tiny models' many small steps run fastest on one thread
 
 __all__ = ["ANSWER_KEY", "TRUNCATE_KEY", "check_enumeration", "check_keyed", "check_chi_square", "check_scripts",
-           "own_block_manager", "on_the_engine", "visible_golden", "of_each_kind", "report_run", "check_same_tokens"]
+           "own_block_manager", "on_the_engine", "visible_golden", "of_each_kind", "report_run", "check_same_tokens",
+           "check_proposer_arguments", "check_lookup", "check_lookup_hidden", "check_numbers", "report_numbers",
+           "speculative_engine"]
