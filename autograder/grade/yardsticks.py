@@ -56,11 +56,12 @@ def _lab03_likely_cause(found) -> str:
     return likely_cause(found)
 
 
-def lab03_heldout_mape(value, row: dict) -> str | None:
+def lab03_heldout_mape(value, row: dict) -> str | tuple[float, str] | None:
     """Lab 03's design-mape-hidden: ``value`` is the student's predicted step_ms on the held-out configurations, in
-    the cell's order (lab03_heldout_rows); the mean absolute percentage error over all of them must be at most
-    ``row["at_most"]``, as the harness computed it before the times left the kernel.  The message names each slice's
-    MAPE, never a point's time."""
+    the cell's order (lab03_heldout_rows); the mean absolute percentage error over all of them earns full points at
+    most ``row["at_most"]`` and, with ``row["baseline"]`` (the uncalibrated baseline's MAPE), a linear share of them
+    between the two: the answer is then (share, message).  The message names each slice's MAPE, never a point's
+    time."""
     import math
     import statistics
 
@@ -83,8 +84,16 @@ def lab03_heldout_mape(value, row: dict) -> str | None:
                        for name, g in groups.items())
     if mape <= row["at_most"]:
         return None
-    return (f"{label}: MAPE {100 * mape:.1f}%, over the {100 * row['at_most']:.0f}% allowed; by slice: {slices}."
-            + _lab03_likely_cause(found))
+    if "baseline" not in row:
+        return (f"{label}: MAPE {100 * mape:.1f}%, over the {100 * row['at_most']:.0f}% allowed; by slice: {slices}."
+                + _lab03_likely_cause(found))
+    # Partial credit: full at the target, none at the uncalibrated baseline's MAPE, linear between.
+    from autograder.notebook_checks.ledger import credit
+
+    share = credit(mape, at_most=row["at_most"], baseline=row["baseline"])
+    return share, (f"{label}: MAPE {100 * mape:.1f}%, over the {100 * row['at_most']:.0f}% target: {share:.0%} of the "
+                   f"points (none from the uncalibrated baseline's {100 * row['baseline']:.0f}%); by slice: {slices}."
+                   + _lab03_likely_cause(found))
 
 
 JUDGES["lab03-heldout-mape"] = lab03_heldout_mape
@@ -92,11 +101,13 @@ JUDGES["lab03-heldout-mape"] = lab03_heldout_mape
 
 # ---------------------------------------------------------------- lab 02: the hidden text's perplexity
 
-def lab02_hidden_ppl(value, row: dict) -> str | None:
+def lab02_hidden_ppl(value, row: dict) -> str | tuple[float, str] | None:
     """Lab 02's design-kv-ppl-hidden: ``value`` is the perplexity of every hidden window through the student's
-    low-bit cache; it may be at most ``row["at_most"]`` over the float32 cache's on the same windows through the same
-    path, which the instructors' file holds (autograder/hidden/kv_text.json, measured by autograder/qa/design/lab02.py)
-    and the kernel never sees.  The message gives the increase, not the yardstick."""
+    low-bit cache; its increase over the float32 cache's on the same windows through the same path, which the
+    instructors' file holds (autograder/hidden/kv_text.json, measured by autograder/qa/design/lab02.py) and the kernel
+    never sees, earns full points at most ``row["at_most"]`` and, with ``row["baseline"]`` (the increase that earns
+    nothing), a linear share between the two: the answer is then (share, message).  The message gives the increase,
+    not the yardstick."""
     import json
     import math
 
@@ -112,8 +123,14 @@ def lab02_hidden_ppl(value, row: dict) -> str | None:
     increase = value / float32_ppl - 1
     if increase <= row["at_most"]:
         return None
-    return (f"{label}: {increase:+.2%} over the float32 cache's perplexity on the same windows through the same path; "
-            f"the limit is +{row['at_most']:.1%}")
+    missed = (f"{label}: {increase:+.2%} over the float32 cache's perplexity on the same windows through the same "
+              f"path, over the +{row['at_most']:.1%} target")
+    if "baseline" not in row:
+        return missed
+    from autograder.notebook_checks.ledger import credit
+
+    share = credit(increase, at_most=row["at_most"], baseline=row["baseline"])
+    return share, f"{missed}: {share:.0%} of the points (none from +{row['baseline']:.1%})"
 
 
 JUDGES["lab02-hidden-ppl"] = lab02_hidden_ppl

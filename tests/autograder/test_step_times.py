@@ -4,9 +4,10 @@ data/step_times/cpu.csv (shipped, training) and autograder/hidden/step_times_hel
 measured grid split by whole slices (autograder/qa/design/lab03.py).  Here: the CSV round trip, the split (no overlap,
 the whole grid, the held-out slices only), the hidden cell's configurations equal to the held-out file's, in the
 order the grader's judge reads them (the cell holds no measured time: the judge, outside the kernel, reads them from
-the file), the reference fit under the threshold and the course's baseline far above it, and the lab's own solution
-and three planted bugs run through the harness in-process and judged as the grader judges them (what verify and a
-grader do in minutes, in a second).
+the file), the shipped file never naming the held-out slices, every honest design under the threshold with margin and
+the course's baseline at or beyond its zero-credit MAPE, and the lab's own solution and planted bugs run through the
+harness in-process and judged as the grader judges them, partial credit included (what verify and a grader do in
+minutes, in a second).
 """
 from __future__ import annotations
 
@@ -71,10 +72,12 @@ def test_the_split_holds_out_whole_slices_and_nothing_else():
     assert not any(design.in_slices(r, design.HELD_OUT) for r in train)
     every = {(m, p) for m in step_times.SHAPES for p in ("decode", "prefill")}
     assert {(r["model"], r["phase"]) for r in held} == every
-    # The training file says how it was measured.
+    # The training file says how it was measured, and that slices are held out, never which (it ships).
     notes = " ".join(step_times.read_notes(step_times.STEP_TIMES))
-    for fact in ("one torch thread", "median", "torch 2.13", "AMD EPYC", "held-out slices"):
+    for fact in ("one torch thread", "median", "torch 2.13", "AMD EPYC", "slices held out"):
         assert fact.lower() in notes.lower(), fact
+    for named in ("batch 24", "context 262", "128-token", "prompts of 128"):
+        assert named not in notes, f"the shipped training file names a held-out slice: {named!r}"
 
 
 def test_the_hidden_cell_holds_the_held_out_configurations_in_the_judge_s_order_and_the_cells_the_threshold():
@@ -97,7 +100,9 @@ def test_the_hidden_cell_holds_the_held_out_configurations_in_the_judge_s_order_
     visible = call_keywords(source["design-mape-visible"], "check_calibration")
     assert [tuple(s) for s in visible["held_out"]] == list(design.VISIBLE)
     assert visible["max_mape"] == hidden["max_mape"] == design.THRESHOLD
-    assert "14%" in source["design-intro"]
+    assert visible["baseline"] == design.BASELINE_MAPE["design-mape-visible"]
+    assert hidden["baseline"] == design.BASELINE_MAPE["design-mape-hidden"]
+    assert f"{100 * design.THRESHOLD:.0f}%" in source["design-intro"]
 
 
 def design_row(phase, point):
@@ -106,13 +111,18 @@ def design_row(phase, point):
     return point_row(phase, *point)
 
 
-def test_the_reference_passes_and_the_baseline_fails_the_threshold_by_far():
+def test_every_honest_design_passes_with_margin_and_the_baseline_earns_nothing():
+    from autograder.qa.design.lab03_designs import designs
+
     found = design.report(out=lambda line: None)  # (train, visible, held out) MAPE of each fit
-    reference, baseline = found["reference fit"], found["baseline: " + design.BASELINE_NAME]
-    assert reference[1] < design.THRESHOLD - 0.02 and reference[2] < design.THRESHOLD - 0.03, reference
-    assert min(baseline[1:]) > 2.5 * design.THRESHOLD, baseline
-    assert found["three-term linear fit"][2] > design.THRESHOLD, "the three-term linear fit passes: no power"
-    assert found["nearest training row (a lookup)"][2] > 2 * design.THRESHOLD
+    honest = list(designs(None, None, None))
+    assert len(honest) >= 3
+    for name in honest:  # 4 points of margin: one measurement's repeat noise moves a MAPE by 1 to 2
+        assert max(found[name][1:]) <= design.THRESHOLD - 0.04, (name, found[name])
+    baseline = found["baseline: " + design.BASELINE_NAME]
+    assert baseline[1] >= design.BASELINE_MAPE["design-mape-visible"] >= design.THRESHOLD + 0.15, baseline
+    assert baseline[2] >= design.BASELINE_MAPE["design-mape-hidden"] >= design.THRESHOLD + 0.15, baseline
+    assert found["nearest training row (a lookup)"][2] > design.THRESHOLD
 
 
 # ---------------------------------------------------------------- the lab's solution and planted bugs, in-process
@@ -137,22 +147,46 @@ def notebook_namespace(**edits) -> dict:
     return ns
 
 
+VISIBLE_TARGET = dict(max_mape=design.THRESHOLD, baseline=design.BASELINE_MAPE["design-mape-visible"])
+HIDDEN_TARGET = dict(max_mape=design.THRESHOLD, baseline=design.BASELINE_MAPE["design-mape-hidden"])
+
+
+def judged_visible(lab, calibrate) -> tuple[object, str]:
+    """design-mape-visible as the grader judges it: (verdicts.compare's answer on its MAPE row, what the cell
+    printed); a missed target does not raise in the kernel."""
+    import contextlib
+    import io
+
+    from autograder.grade import verdicts
+    from autograder.notebook_checks import ledger
+
+    del ledger._rows[:]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        lab.check_calibration.__wrapped__(calibrate, held_out=list(design.VISIBLE), **VISIBLE_TARGET)
+    (row,) = [r for r in ledger.pending() if r["label"].startswith("MAPE")]
+    del ledger._rows[:]
+    return verdicts.compare(row["value"], row, hidden=False), out.getvalue()
+
+
 def held_out_cases():
     return call_keywords(cells()["design-mape-hidden"], "check_calibration_hidden")["HELD_OUT"]
 
 
 def judged_hidden(lab, calibrate):
     """design-mape-hidden as a grading run makes it: the harness's observation of calibrate's predictions on the
-    cell's configurations (in-process, not handed out), judged as the grader judges it: None, or the message."""
+    cell's configurations (in-process, not handed out), judged as the grader judges it: None, or (the share of the
+    points, the message)."""
     from autograder.grade import yardsticks
     from autograder.notebook_checks import ledger
 
     del ledger._rows[:]
-    lab.check_calibration_hidden.__wrapped__(calibrate, held_out_cases(), max_mape=design.THRESHOLD)
+    lab.check_calibration_hidden.__wrapped__(calibrate, held_out_cases(), **HIDDEN_TARGET)
     rows = [r for r in ledger.pending() if r.get("judge")]
     del ledger._rows[:]
     (row,) = rows
     assert row["judge"] == "lab03-heldout-mape" and row["at_most"] == design.THRESHOLD
+    assert row["baseline"] == design.BASELINE_MAPE["design-mape-hidden"]
     assert len(row["value"]) == sum(len(pts) for _, pts in held_out_cases().values())
     return yardsticks.JUDGES[row["judge"]](row["value"], row)
 
@@ -169,8 +203,8 @@ def lab():
 def test_the_lab_solution_passes_every_design_check(lab, capsys):
     calibrate = notebook_namespace()["calibrate"]
     lab.check_interface(calibrate)
-    lab.check_calibration(calibrate, held_out=list(design.VISIBLE), max_mape=design.THRESHOLD)
-    assert "MAPE" in capsys.readouterr().out
+    verdict, printed = judged_visible(lab, calibrate)
+    assert verdict is None and "earns full points" in printed, printed
     assert judged_hidden(lab, calibrate) is None
 
 
@@ -180,34 +214,42 @@ def test_the_judge_names_the_slices_and_no_measured_time():
     rows = yardsticks.lab03_heldout_rows()
     row = {"label": "held-out", "at_most": design.THRESHOLD, "judge": "lab03-heldout-mape"}
     assert yardsticks.lab03_heldout_mape([r["step_ms"] for r in rows], row) is None  # the measurements themselves
-    off = [1.2 * r["step_ms"] for r in rows]  # 20% off everywhere
+    off = [1.4 * r["step_ms"] for r in rows]  # 40% off everywhere
     message = yardsticks.lab03_heldout_mape(off, row)
-    assert message.startswith("held-out: MAPE 20.0%, over the 14% allowed; by slice: decode at batch 24 20.0% "
-                              "(15 points), decode at context 262 20.0% (18 points), prefill of 128-token prompts "
-                              "20.0% (12 points).")
-    assert not any(f"{r['step_ms']}" in message or f"{1.2 * r['step_ms']:.1f}" in message for r in rows)
+    assert message.startswith("held-out: MAPE 40.0%, over the 25% allowed; by slice: decode at batch 24 40.0% "
+                              "(15 points), decode at context 262 40.0% (18 points), prefill of 128-token prompts "
+                              "40.0% (12 points).")
+    assert not any(f"{r['step_ms']}" in message or f"{1.4 * r['step_ms']:.1f}" in message for r in rows)
+    # With the baseline's MAPE, a share between the target and it: (54 - 40) / (54 - 25) of the points.
+    share, words = yardsticks.lab03_heldout_mape(off, dict(row, baseline=0.54))
+    assert share == pytest.approx(14 / 29) and "48% of the points" in words and "decode at batch 24 40.0%" in words
+    far = [0.3 * r["step_ms"] for r in rows]  # 70% off: beyond the baseline's MAPE, nothing
+    assert yardsticks.lab03_heldout_mape(far, dict(row, baseline=0.54))[0] == 0.0
     assert "expected 45 predictions" in yardsticks.lab03_heldout_mape(off[:-1], row)
     assert "positive, finite" in yardsticks.lab03_heldout_mape(off[:-1] + ["nan"], row)
 
 
-BUGS = {  # planted bug: (source edits of the solution's calibrate cell, words the visible message must hold)
+FIT = "L, d = config.num_hidden_layers, config.hidden_size"
+BUGS = {  # planted bug: (edits of the solution's calibrate cell, words the messages hold, the most it earns visible,
+    #                      hidden): a missed target earns a share of the points, measured here
     "milliseconds, not seconds": ([('measured = np.array([r["step_ms"] / 1e3', 'measured = np.array([r["step_ms"]')],
-                                  "about 1000x too long"),
-    "the context ignored": ([("L, d = config.num_hidden_layers, config.hidden_size",
-                              "L, d = config.num_hidden_layers, config.hidden_size\n"
-                              "        context = [0] * len(context)")],
-                            "do not change with the context"),
+                                  "about 1000x too long", 0.0, 0.0),
+    "a prompt priced as one token": ([(FIT, FIT + "\n        new_tokens = [1] * len(new_tokens)")],
+                                     "prefill of", 0.0, 0.75),  # 76% off on 64-token prompts, 33% over all held out
+    "the batch priced as one sequence": ([(FIT, FIT + "\n        new_tokens, context = new_tokens[:1], context[:1]")],
+                                         "decode at batch", 0.0, 0.25),
 }
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
-def test_a_planted_bug_fails_visibly_and_hidden_with_a_cause(lab, bug):
-    edits, words = BUGS[bug]
+def test_a_planted_bug_earns_at_most_its_share_with_a_cause(lab, bug):
+    edits, words, visible_most, hidden_most = BUGS[bug]
     calibrate = notebook_namespace(design_calibrate=edits)["calibrate"]
-    with pytest.raises(AssertionError, match="MAPE") as visible:
-        lab.check_calibration(calibrate, held_out=list(design.VISIBLE), max_mape=design.THRESHOLD)
-    assert words in str(visible.value)
-    message = judged_hidden(lab, calibrate)  # the kernel cannot tell: it has no measured time
+    verdict, printed = judged_visible(lab, calibrate)  # no exception: the grader gives the share
+    assert verdict is not None and verdict[0] <= visible_most, verdict  # (share, message): a target missed
+    assert "MAPE" in printed and words in printed and "of the points" in printed, printed
+    hidden_share, message = judged_hidden(lab, calibrate)  # the kernel cannot tell: it has no measured time
+    assert hidden_share <= hidden_most, (hidden_share, message)
     assert message.startswith("hidden case ") and words in message and "decode at batch 24" in message
     from autograder.grade import yardsticks
 

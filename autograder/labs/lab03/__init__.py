@@ -41,12 +41,13 @@ Numbers you derive (numbers-visible/-roofline-hidden/-memory-hidden, lab03/numbe
   kind (visible); each value within its tolerance (hidden, judged by the grader; the message names the answer that
   is off).
 Design, calibrate (design-interface-visible, design-mape-visible/-hidden, lab03/calibrate.py): your cost model,
-  fitted to the shipped step times, prices any shape (more layers or width cost more; a near shape costs the same),
-  never takes less time for more work, refuses bad input with ValueError and drives the simulator; fitted without
-  some slices of the training file it predicts them within the MAPE allowed (visible), and fitted on the whole
-  file, the held-out configurations (hidden: the cell holds the configurations only; your predictions go to the
-  grader, whose judge prices them against the held-out measurements: the message names each slice's MAPE, never a
-  point).
+  fitted to the shipped step times (the course's CPU), prices any shape (more layers or width cost more; a near shape
+  costs the same), never takes less time for more work, refuses bad input with ValueError and drives the simulator;
+  fitted without some slices of the training file it predicts them (visible), and fitted on the whole file, the
+  held-out configurations (hidden: the cell holds the configurations only; your predictions go to the grader, whose
+  judge prices them against the held-out measurements: the message names each slice's MAPE, never a point).  Full
+  points at the target MAPE, a linear share of them down to the uncalibrated baseline's MAPE, none beyond; a missed
+  target does not raise in the notebook (the grader gives the share), a broken interface does.
 """
 from __future__ import annotations
 

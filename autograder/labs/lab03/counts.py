@@ -82,10 +82,10 @@ def flops_causes(T, exact):
     return [(2 * V * D * (T - 1), "the LM head runs for every token; with logits='last' only the last token of each "
              "sequence needs logits"),
             (PER_PAIR * (T * T - pairs),
-             "the causal mask lets token j see only j keys: t*s + t(t+1)/2 pairs, not t*(s+t)"),
+             "the causal mask: a new token sees the cached tokens and the new ones up to itself, not every new one"),
             (2 * V * D * T, "the embedding lookup is a gather of rows, not a matmul: it does no FLOPs"),
             (-PER_PAIR * pairs,
-             "attention is missing: QK^T and AV cost 4 x L x num_attention_heads x head_dim per pair"),
+             "attention is missing: QK^T and AV, in every layer and every query head, for each (query, key) pair"),
             (-PER_PAIR * pairs * 3 / 4, "every query head attends: num_attention_heads, not num_key_value_heads"),
             (-exact / 2, "a multiply-add is 2 FLOPs")]
 

@@ -1,34 +1,52 @@
-"""Lab 03's design part, for instructors: the held-out split of the measured step times, the reference fit that sets
-the calibration threshold, and the baseline that must miss it.
+"""Lab 03's design part, for instructors: the held-out split of the measured step times, the honest designs that set
+the calibration threshold, the baseline that must miss it, and the re-measurement of the held-out points.
 
-The data is ``miniengine.course.step_times``'s grid, measured once on an idle machine (153 points: 3 shapes, decode
-batch 1..32 x context 22..390, prefill batch 1..8 x 16..256 tokens).  Whole slices of it are held out, so that a
-table of the training rows cannot pass (the nearest training row misses the held-out points by about 30%): every
-decode row at batch 24, every decode row at context 262, every prefill of 128-token prompts: 45 points, 15 per
-shape, both phases.  They live in ``autograder/hidden/step_times_heldout.csv`` (never published); the 108 others
-ship as ``data/step_times/cpu.csv``.  The lab's hidden test cell holds the held-out configurations only; the
-grader's judge (autograder/grade/yardsticks.py, lab03-heldout-mape) reads their times from that file, outside the sandbox
-(tests/autograder/test_step_times.py keeps the cell's configurations equal to the file's).
+The data is ``miniengine.course.step_times``'s grid, measured once on the course's idle machine (153 points: 3
+shapes, decode batch 1..32 x context 22..390, prefill batch 1..8 x 16..256 tokens).  Whole slices of it are held
+out, so that a table of the training rows cannot pass (the nearest training row misses the held-out points by about
+30%): every decode row at batch 24, every decode row at context 262, every prefill of 128-token prompts: 45 points,
+15 per shape, both phases.  They live in ``autograder/hidden/step_times_heldout.csv`` (never published); the 108
+others ship as ``data/step_times/cpu.csv``, whose header says slices are held out and never which.  The lab's hidden
+test cell holds the held-out configurations only; the grader's judge (autograder/grade/yardsticks.py,
+lab03-heldout-mape) reads their times from that file, outside the sandbox.
 
-The threshold (``THRESHOLD``, in the lab's design test cells) comes from the reference fit below, measured here:
+    python -m autograder.qa.design.lab03                 # MAPE of the honest designs, the baseline and a lookup
+    python -m autograder.qa.design.lab03 --split         # rewrite both files by the held-out rule (new measurement)
+    python -m autograder.qa.design.lab03 --measure DIR   # one run of the 45 held-out points into DIR (see below)
+    python -m autograder.qa.design.lab03 --merge DIR     # the held-out file := each point's median over DIR's runs
 
-    python -m autograder.qa.design.lab03            # MAPE of the reference, the three-term fit, the baseline, a lookup
-    python -m autograder.qa.design.lab03 --split    # rewrite both files by the held-out rule (after a new measurement)
+The threshold (``THRESHOLD``) comes from the honest designs (lab03_designs.py), MAPE on the training rows / the
+visible slices (fitted without them) / the held-out points, measured on the shipped data:
 
-Measured, MAPE on the training rows / the visible slices (fitted without them) / the held-out points: the reference
-11.7 / 11.2 / 10.6%; the three-term linear fit 17.0 / 16.2 / 15.2%; the baseline 52.9 / 42.1 / 54.0%; the nearest
-training row 0 / 44.3 / 30.6%.  THRESHOLD = 14% lies 3.4 points above the reference on the held-out points (2.8 on
-the visible ones) and misses the three-term fit by about 1 point.  Fits in between (the lab's solution with fewer
-terms, held-out MAPE): an overhead, FLOPs and bytes 16.0% (fails); with a per-layer term 14.2% (fails); with a
-per-layer and a batched per-layer term 13.6% (passes); with a per-layer and the superlinear KV term 11.5%.  So a
-pass needs one effect beyond a calibrated roofline with overheads.  A bilinear interpolation of the training table,
-shape by shape, gets 12.4%: the harness refuses it, as it cannot price an unmeasured shape.  The repeat noise of a
-point is 10-15%, so no threshold far below the reference's would be fair.
+    fitted roofline max(FLOPs/a, bytes/b) + c      18.5 / 18.8 / 20.1     (the least a calibration can be)
+    overhead + FLOPs + bytes, linear               14.9 / 15.4 / 16.0
+    three-term linear fit                          17.0 / 16.2 / 15.2
+    ... + per layer                                13.5 / 13.2 / 14.2
+    ... + per layer when batched                   12.9 / 12.8 / 13.6
+    ... + KV history squared per layer             12.5 / 12.4 / 11.5
+    split rates                                    12.8 / 11.5 / 11.3
+    reference fit                                  11.7 / 11.2 / 10.6
+    baseline: the uncalibrated paper model         52.9 / 42.1 / 54.0
+    nearest training row (a lookup)                 0.0 / 44.3 / 30.6     (refused anyway: it prices no new shape)
 
-The reference is the roofline's terms plus the overheads a Python engine adds, each weighed by a non-negative
-coefficient fitted to relative error (the grade is a relative error): per step, per layer, per layer when the batch
-is ragged (padding and masks), the weights streamed once, the matmuls' FLOPs, attention's FLOPs, the LM head's, the
-KV history read, and its square per layer (the history spills out of the caches: time grows faster than linearly).
+THRESHOLD = 25%: every calibrated design passes, the weakest (the fitted roofline) with 6.2 points to spare on the
+visible slices and 4.9 on the held-out points, the linear sums with 9 to 10, the reference with 14; the uncalibrated
+baseline fails by 17 and 29 points.  A roofline fitted to absolute rather than relative error (against the lab's
+hint) gets 15.1 / 23.6%: it passes with 1.4 points.  Points scale linearly between the target and the baseline's
+MAPE (``BASELINE_MAPE``, rounded down to the percent so that the baseline itself earns nothing).  The noise assumed:
+one measurement's repeat noise is 10-15% per point, a design's MAPE over 24 to 45 points moves by about 1 to 2 points
+between measurements of the same grid, and a whole run on a busier day can be several percent slower throughout;
+the smallest margin of a relative-error design, 4.9 points, covers the first two, and re-measuring the held-out
+points as medians over runs on different days (``--measure``/``--merge``) covers the third.  Reaching below 15%
+needs terms beyond the roofline (a cost per layer, the ragged batch, the KV history outgrowing the caches): that is
+the design; the grade rewards a calibrated model, and the reflection asks which terms it needed.
+
+Re-measuring the held-out points (never on a busy machine: timings taken while other jobs run are several times
+slower): ``--measure DIR`` times the 45 points once with the shipped file's protocol (one thread, the median of 9
+decode steps or 5 prefills per point) and writes ``DIR/heldout-<UTC time>.csv``; about 60 to 90 s on the course's
+machine when idle.  Run it on at least 3 different days (5 is better), then ``--merge DIR``: each point's median over
+the runs becomes the held-out file, its header naming the runs and the largest spread of a point between runs, and
+``python -m autograder.qa.design.lab03`` re-checks the margins.
 """
 from __future__ import annotations
 
@@ -43,7 +61,9 @@ from miniengine.course import step_times
 HIDDEN_FILE = HIDDEN_DIR / "step_times_heldout.csv"
 HELD_OUT = (("decode", "batch", 24), ("decode", "context", 262), ("prefill", "context", 128))  # (phase, field, value)
 VISIBLE = (("decode", "batch", 16), ("prefill", "context", 64))  # design-mape-visible's slices of the training file
-THRESHOLD = 0.14  # the largest mean absolute percentage error that passes (design-mape-visible and -hidden)
+THRESHOLD = 0.25  # the largest mean absolute percentage error that earns full points (design-mape-visible, -hidden)
+# The baseline's MAPE (42.1% visible, 54.0% held out), rounded down: no points from there on, a linear share between.
+BASELINE_MAPE = {"design-mape-visible": 0.42, "design-mape-hidden": 0.54}
 CPU = {"name": "one core of this CPU", "peak_flops": 80e9, "bandwidth": 18e9, "memory": 0.0}  # lab 03's measure cell
 
 BASELINE_NAME = "the uncalibrated paper-GPU model on one core's roofline (80 GFLOP/s, 18 GB/s)"
@@ -199,20 +219,25 @@ def nearest_row(rows: list[dict]):
 
 
 def report(out=print) -> dict[str, tuple[float, float, float]]:
-    """MAPE on the training rows, on design-mape-visible's slices (fitted without them) and on the held-out rows."""
+    """MAPE on the training rows, on design-mape-visible's slices (fitted without them) and on the held-out rows, of
+    the honest designs (lab03_designs.py), the baseline and a lookup."""
+    from autograder.qa.design.lab03_designs import designs
+
     train, held = load()
     visible = [r for r in train if in_slices(r, VISIBLE)]
     rest = [r for r in train if not in_slices(r, VISIBLE)]
-    fits = {"reference fit": lambda rows: fit(rows, features),
-            "three-term linear fit": lambda rows: fit(rows, three_terms),
-            "baseline: " + BASELINE_NAME: lambda rows: paper_cpu,
-            "nearest training row (a lookup)": nearest_row}
+    fits = dict(designs(fit, three_terms, features))
+    fits.update({"baseline: " + BASELINE_NAME: lambda rows: paper_cpu, "nearest training row (a lookup)": nearest_row})
     found = {}
     for name, make in fits.items():
         found[name] = (mape(make(train), train), mape(make(rest), visible), mape(make(train), held))
-        out(f"{name:<60} train {100 * found[name][0]:6.1f}%  visible {100 * found[name][1]:6.1f}%  "
-            f"held out {100 * found[name][2]:6.1f}%   (threshold {100 * THRESHOLD:.0f}%)")
+        out(f"{name:<66} train {100 * found[name][0]:5.1f}%  visible {100 * found[name][1]:5.1f}%  "
+            f"held out {100 * found[name][2]:5.1f}%   (target {100 * THRESHOLD:.0f}%)")
     return found
+
+
+TRAINING_NOTE = ("Training file: the measured grid less the slices held out to grade Lab 03's calibration (instructors "
+                 "only; the grid is miniengine.course.step_times's).")  # never which slices: the file ships
 
 
 def write_split() -> None:
@@ -220,20 +245,28 @@ def write_split() -> None:
     written to the training file (``python -m miniengine.course.step_times --out data/step_times/cpu.csv``)."""
     train, held = load()
     fresh = any(in_slices(r, HELD_OUT) for r in train)  # the whole grid is there: the old held-out file is stale
-    rows = sorted(train if fresh else train + held, key=lambda r: (list(step_times.SHAPES).index(r["model"]), r["phase"] != "decode",
-                                               r["batch"], r["context"]))
+    rows = sorted(train if fresh else train + held, key=lambda r: (list(step_times.SHAPES).index(r["model"]),
+                                                                   r["phase"] != "decode", r["batch"], r["context"]))
     notes = step_times.read_notes(step_times.STEP_TIMES)
     keep = [n for n in notes if not n.startswith(("Training file", "Held-out file"))]
     train, held = split(rows)
-    step_times.write_csv(train, step_times.STEP_TIMES, "\n".join(keep + [
-        "Training file: every measured point but the held-out slices (decode at batch 24, decode at context 262, "
-        "prefill of 128-token prompts), which grade Lab 03's calibration."]))
+    step_times.write_csv(train, step_times.STEP_TIMES, "\n".join(keep + [TRAINING_NOTE]))
     step_times.write_csv(held, HIDDEN_FILE, "\n".join(keep + [
         "Held-out file (instructors only, never published): decode at batch 24, decode at context 262, prefill "
         "of 128-token prompts; read by the grader's judge of Lab 03's design-mape-hidden cell."]))
 
 
 if __name__ == "__main__":
-    if "--split" in sys.argv[1:]:
+    args = sys.argv[1:]
+    if "--split" in args:
         write_split()
+    elif "--measure" in args:
+        from autograder.qa.design.lab03_measure import measure_held_out
+
+        measure_held_out(args[args.index("--measure") + 1])
+        sys.exit(0)
+    elif "--merge" in args:
+        from autograder.qa.design.lab03_measure import merge_held_out
+
+        merge_held_out(args[args.index("--merge") + 1])
     report()
