@@ -132,7 +132,7 @@ def as_graded(r: results.TestResult, cell) -> tuple[results.TestResult, list[str
     shown = []
     for row in targets:
         bound = f"at most {row['at_most']:.6g}" if "at_most" in row else f"at least {row['at_least']:.6g}"
-        base = f"; the course baseline: {row['baseline']:.6g}" if "baseline" in row else ""
+        base = f"; no points at {row['baseline']:.6g} or beyond" if "baseline" in row else ""
         value = f"{row['value']:.6g}" if isinstance(row["value"], (int, float)) else repr(row["value"])
         shown.append(f"measured {row['label']}: {value} (target: {bound}{base})")
     if later:

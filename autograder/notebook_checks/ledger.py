@@ -89,8 +89,8 @@ def missed_target(value, row: dict) -> str:
         return f"{row['label']}: expected a finite number, got {str(value)[:60]}"
     if "baseline" not in row:
         return f"{row['label']}: {value:.6g}, where {words} {row[key]:.6g} is required"
-    return (f"{row['label']}: {value:.6g}; full points need {words} {row[key]:.6g}, none at the course baseline's "
-            f"{row['baseline']:.6g}: {row_credit(value, row):.0%} of them")
+    return (f"{row['label']}: {value:.6g}; full points need {words} {row[key]:.6g}, none at "
+            f"{row['baseline']:.6g} or beyond: {row_credit(value, row):.0%} of them")
 
 
 def row_credit(value, row: dict) -> float:

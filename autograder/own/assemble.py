@@ -102,7 +102,7 @@ def build(verdicts: dict, lab: int, exclude=frozenset()):
 def my_cost_model(config, gpu=None, verbose: bool = True):
     """The simulator's clock (plugs.ForwardCostModel) from your Lab 03, the course's where yours is missing or fails.
 
-    ``gpu=None``: your calibrated model of this CPU (``calibrate(rows)(config)``, fitted to the shipped step
+    ``gpu=None``: your calibrated model of the course's CPU (``calibrate(rows)(config)``, fitted to the shipped step
     times), else your roofline functions on a paper H100.  ``gpu="H100"`` (a name of ``cost.hardware.GPUS``, or a
     GPU): your ``forward_flops``, ``forward_bytes`` and ``step_time`` on that paper GPU, else the course's
     ``CostModel``.  Under grading, always the course's ``CostModel``: a lab is graded on its own.
@@ -127,7 +127,7 @@ def my_cost_model(config, gpu=None, verbose: bool = True):
             from miniengine.course.step_times import read_csv
 
             model = cal.objects["calibrate"](read_csv(paths.DATA / "step_times" / "cpu.csv"))(config)
-            say("your calibrated model of this CPU (Lab 03's calibrate)")
+            say("your calibrated model of the course's CPU (Lab 03's calibrate)")
             return model
         except Exception as e:
             say(f"your calibrate raised {first_line(e)}; trying the roofline instead")
