@@ -20,16 +20,15 @@ import math
 from pathlib import Path
 
 MIME = "application/vnd.miniengine.hidden-outputs+json"
-FILES = ("golden", "int8", "int4", "gqa2", "gqa2_pooled", "kv_text", "lab01_beams")
+FILES = ("golden", "int8", "int4", "gqa2", "gqa2_pooled", "kv_text", "lab01_search")
 HIDDEN_DIR = Path(__file__).resolve().parent / "hidden"
 CASES_ENV = "AUTOGRADER_HIDDEN_CASES"  # the folder of public views inside the sandbox
 
 INPUT_FIELDS = ("name", "prompt", "prompt_token_ids", "params")  # what a case may show a student's code
 TOP_FIELDS = ("about", "model", "eos_token_id", "quantization")  # file-level facts that are inputs too
 SECTIONS = ("cases", "fork_cases")
-OUTPUT_FIELDS = ("token_ids", "tokens_processed", "chosen_logits", "completions", "beams")  # what a test may report
+OUTPUT_FIELDS = ("token_ids", "tokens_processed", "chosen_logits", "completions")  # what a test may report
 LOGIT_TOLERANCE = 1e-4
-BEAM_SCORE_TOLERANCE = 1e-4  # relative to max(1, |score|): float32 moves a beam's score by about 1e-5
 
 
 def public_view(data: dict) -> dict:
@@ -103,16 +102,14 @@ SPECS: dict[tuple[str, str], list[Due]] = {
     ("lab01_naive_decode", "sample-hidden"): [Due("golden", "two_per_kind", ("token_ids",))],
     ("lab01_naive_decode", "decode-hidden"): [Due("golden", "one_per_kind", ("token_ids", "tokens_processed"))],
     ("lab01_naive_decode", "engine-hidden"): [Due("golden", "all", ("token_ids",))],
-    # lab01's design part: the student's beams on every hidden beam case; then on the two widest (the file's first
-    # two) through a model that counts its calls (in the kernel)
-    ("lab01_naive_decode", "design-beams-hidden"): [Due("lab01_beams", "all", ("beams",))],
-    ("lab01_naive_decode", "design-passes-hidden"): [Due("lab01_beams", "first_two", ("beams",))],
+    # lab01's design part (design-search-hidden) reads lab01_search's prompts and needs no golden output: the harness
+    # scores the student's completions itself, and the grader holds the target.
     # lab02: CachedAttention steps five runs in one mixed batch, each on its own tokens; cached_decode two of each kind
     ("lab02_kv_cache", "backend-hidden"): [Due("golden", "one_per_kind", ("token_ids", "chosen_logits"))],
     ("lab02_kv_cache", "decode-hidden"): [Due("golden", "two_per_kind", ("token_ids", "chosen_logits"))],
     ("lab02_kv_cache", "engine-hidden"): [Due("golden", "all", ("token_ids",))],
-    # lab02's design part: the hidden text's windows are inputs only; the perplexity is compared in the kernel with the
-    # float32 cache's, a literal of the hidden cell (nothing to report)
+    # lab02's design part: the hidden text's 128 windows are inputs only (nothing to report); the perplexity is observed
+    # and judged by the grader against the float32 cache's, which stays in the hidden file (yardsticks.lab02_hidden_ppl)
     ("lab02_kv_cache", "design-kv-ppl-hidden"): [Due("kv_text", "all", ())],
     # lab04: replay-hidden reports its burst; its Poisson trace of the same cases must agree with it, in the kernel
     ("lab04_continuous_batching", "replay-hidden"): [Due("golden", "two_per_kind", ("token_ids",))],
@@ -187,8 +184,6 @@ def compare(field: str, got, want) -> str | None:
             if not (math.isfinite(a) and abs(a - b) <= LOGIT_TOLERANCE):
                 return f"step {t}: the chosen token's logit is off by more than {LOGIT_TOLERANCE:g}"
         return None
-    if field == "beams":  # [[token ids, score], ...], best first; golden: [{"token_ids", "score"}, ...]
-        return compare_beams(got, want)
     if field == "completions":
         if not (isinstance(got, list) and len(got) == len(want)):
             return f"expected {len(want)} completions, got {len(got) if isinstance(got, list) else type(got).__name__}"
@@ -199,24 +194,6 @@ def compare(field: str, got, want) -> str | None:
                 return f"completion {i}: {why}"
         return None
     return f"unknown field {field!r}"
-
-
-def compare_beams(got, want) -> str | None:
-    if not (isinstance(got, list) and all(isinstance(b, list) and len(b) == 2 for b in got)):
-        return "the reported beams are not a list of (token ids, score) pairs"
-    if len(got) != len(want):
-        return f"{len(got)} beams returned, {len(want)} expected (beam_width)"
-    for i, ((ids, score), w) in enumerate(zip(got, want)):
-        why = compare("token_ids", ids, w["token_ids"])
-        if why:
-            mine = [tuple(b[0]) for b in got if isinstance(b[0], list)]
-            if sorted(mine) == sorted(tuple(b["token_ids"]) for b in want):
-                return f"the right {len(want)} beams in the wrong order (beam {i} first out of place)"
-            return f"beam {i} (best first): {why}"
-        if not (isinstance(score, (int, float)) and math.isfinite(score)
-                and abs(score - w["score"]) <= BEAM_SCORE_TOLERANCE * max(1.0, abs(w["score"]))):
-            return f"beam {i} (best first): the right tokens, but the score is off by more than {BEAM_SCORE_TOLERANCE:g}"
-    return None
 
 
 def judge(lab: str, cell: str, payloads: list, files: dict[str, dict]) -> tuple[bool, str]:

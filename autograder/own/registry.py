@@ -40,14 +40,14 @@ class Part:
 
 PARTS = (
     Part("sampler", 1, "sampler", ("sample",)),
-    Part("beam_search", 1, "beam search", ("beam_search",), APART, "a decoding loop of its own, no plug point",
-         course=False),
+    Part("search", 1, "completion search", ("search_completion",), APART,
+         "a decoding loop of its own, no plug point", course=False),
     Part("kv_cache", 2, "KV cache", ("ContiguousKVCache", "CachedAttention")),
     Part("lowbit_kv", 2, "low-bit KV cache", ("LowBitKVCache", "LowBitAttention"), LOSSY,
          "lossy: the lab's next cell shows it", course=False),
     Part("roofline", 3, "cost model (paper GPU)", ("forward_flops", "forward_bytes", "step_time"), CLOCK,
          "own.my_cost_model(config, gpu='H100')"),
-    Part("calibrated", 3, "cost model (this CPU)", ("calibrate",), CLOCK, "own.my_cost_model(config)", course=False),
+    Part("calibrated", 3, "cost model (the course's CPU)", ("calibrate",), CLOCK, "own.my_cost_model(config)", course=False),
     Part("policy", 4, "scheduling policy", ("ContinuousBatching",)),
     Part("static", 4, "static batching", ("StaticBatching",), APART,
          "the baseline ContinuousBatching is measured against"),

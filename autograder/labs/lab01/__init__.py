@@ -21,9 +21,9 @@ Task 5, naive_decode (decode-visible, decode-processed-visible, decode-hidden): 
   the end-of-text token, but not with ignore_eos=True; max_tokens. The sampling parts are the course's here.
 Task 6, your engine (engine-visible, engine-hidden): LLM, with your sample() as its sampler, serves every golden
   case eight requests at a time, token for token. Every part is yours here.
-Task 7, beam_search (design-args-visible, design-beams-visible/-hidden, design-passes-visible/-hidden): see
-  lab01/beams.py.
-Numbers (numbers): each answer is a finite number; the hidden part compares it with the value, within a tolerance.
+Task 7, search_completion (design-args-visible, design-search-visible/-hidden), the design part: see lab01/search.py.
+Numbers (numbers): each answer is a finite number here; its value is checked only when graded (the hidden part
+  compares it with the right value, within a tolerance, outside the kernel).
 """
 from __future__ import annotations
 
@@ -39,14 +39,14 @@ from miniengine.sampling import SamplingParams
 # Tasks 5 and 6 live in lab01/decode.py (this file would be too long); pristine reloads only this module, so
 # this module reloads that one, and a test cell finds all of the lab's checks here, as lab.check_...
 lab01_decode = importlib.reload(lab01_decode)
-# Task 7 (beam search, the design part) and the graded numbers live in lab01/beams.py, reloaded the same way.
-from autograder.labs.lab01 import beams as lab01_beams  # noqa: E402
+# Task 7 (the search, the design part) lives in lab01/search.py, reloaded the same way.
+from autograder.labs.lab01 import search as lab01_search  # noqa: E402
 from autograder.labs.lab01.decode import (SAMPLING, check_decode, check_decode_steps, check_engine, report_decode,  # noqa: E402
                                           report_engine, visible_golden)
 
-lab01_beams = importlib.reload(lab01_beams)
-from autograder.labs.lab01.beams import (BigramModel, check_beam_arguments, check_beams, check_beams_bigram,  # noqa: E402
-                                         check_beams_greedy, check_passes, report_beams, report_passes)
+lab01_search = importlib.reload(lab01_search)
+from autograder.labs.lab01.search import (BigramModel, BudgetSpent, check_search, check_search_arguments,  # noqa: E402
+                                          check_search_bigram, report_search)
 
 # ---------------------------------------------------------------- shared by Tasks 1-4
 
@@ -248,15 +248,15 @@ def _number(ns, name):
     return float(x)
 
 
-def check_numbers(ns, names) -> None:
-    """Visible: each answer is a finite number (its value is graded by report_numbers)."""
+def check_numbers(ns, names, tolerance=0.5) -> None:
+    """Visible: each answer is a finite number.  Its value is checked only when graded: the answer sheet holds the
+    right one, and ``check`` says so beside it (when_graded), counting no points for it."""
     for name in names:
-        _number(ns, name)
-        checks.observe(f"{name} is a finite number", True, expect=True)
+        checks.observe(f"{name} (within {tolerance:g})", _number(ns, name), tol=tolerance, when_graded=True)
 
 
 def report_numbers(ns, tolerances) -> None:
     """Hidden: each answer's value, {name: tolerance}; the grader compares it with the right value, which never
     enters the notebook."""
     for name, tolerance in tolerances.items():
-        checks.observe(f"{name} (within {tolerance:g})", _number(ns, name), tol=tolerance)
+        checks.observe(f"hidden: {name} (within {tolerance:g})", _number(ns, name), tol=tolerance)
