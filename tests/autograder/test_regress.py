@@ -12,6 +12,7 @@ import warnings
 import nbformat
 import pytest
 from autograder_support import REPO, explain, isolated_env, run_cli
+from graded_numbers import answers_shown, graded_numbers
 from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow
@@ -42,6 +43,17 @@ def test_every_notebook_runs(tmp_path):
     assert names == {p.relative_to(REPO).as_posix() for p in lectures}
     for row in rows:  # the executed copies are kept, with outputs
         assert (tmp_path / "build" / "regress" / row["notebook"]).exists()
+    # Lectures never print a lab's answer (DESIGN.md 6b, rule 7): lecture NN shows no graded number of lab NN or of a
+    # later lab, in what it prints or says. The course runs lecture NN, then lab NN, so a lab before it is done when
+    # it is read (lecture 02, on the KV cache, prints the tiny model's KV bytes per token, which lab 01 asked first).
+    numbers, printed = graded_numbers(), {}
+    for row in rows:
+        lecture = int(row["notebook"].split("/")[-1][:2])
+        ahead = {name: v for name, v in numbers.items() if int(name[3:5]) >= lecture}
+        found = answers_shown(json.loads((tmp_path / "build" / "regress" / row["notebook"]).read_text()), ahead)
+        if found:
+            printed[row["notebook"]] = found
+    assert not printed, f"lectures show the graded numbers of their own or later labs: {printed}"
     passed = sum(row["status"] == "passed" for row in rows)
     assert (tmp_path / "build" / "regress" / "summary.md").read_text().count("| passed |") == passed
     assert r.returncode == (0 if passed == len(rows) else 1), explain(r)
