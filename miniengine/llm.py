@@ -31,7 +31,8 @@ from miniengine.paths import TARGET
 from miniengine.plugs.conformance import check
 from miniengine.sampling import SamplingParams
 from miniengine.spec.decoding import SpeculativeDecoder
-from miniengine.tokenizer import IncrementalDetokenizer, load_tokenizer
+from miniengine.stop_strings import find_stop, sendable, stopped_text
+from miniengine.tokenizer import load_tokenizer
 
 
 class LLM:
@@ -45,6 +46,7 @@ class LLM:
         self.model = self.engine.model
         self.tokenizer = load_tokenizer(self.engine.model_dir or TARGET)
         self._texts: dict = {}
+        self._stopped: dict = {}  # seq_id -> the final text of a completion a stop string ended
 
     def _check_tensor_parallel(self, engine_args):
         from miniengine.distributed import Plan
@@ -100,7 +102,7 @@ class LLM:
     def step(self) -> list[RequestOutput]:
         """One engine step; an output for every request that got a token (``finished`` says if it is done)."""
         self._single_process("step")
-        roots = {s.root.seq_id: s.root for s in self.engine.step()}  # n > 1: one output per request
+        roots = {s.root.seq_id: s.root for s in self._step()}  # n > 1: one output per request
         return [self._output(s) for s in roots.values()]
 
     def has_unfinished_requests(self) -> bool:
@@ -109,12 +111,37 @@ class LLM:
     def abort(self, request_id) -> bool:
         return self.engine.abort(request_id)
 
+    def _step(self):
+        """One engine step, then the stop strings (miniengine/stop_strings.py) of every completion that got a token:
+        one that now holds a stop string ends here, its KV memory freed, its text cut."""
+        stepped = self.engine.step()
+        for s in stepped:
+            if not s.params.stop or s.seq_id in self._stopped:
+                continue
+            text = self.tokenizer.decode(s.output_token_ids)
+            match = find_stop(text, s.params.stop)
+            if match is None:
+                continue
+            self._stopped[s.seq_id] = stopped_text(text, match, s.params.include_stop_str_in_output)
+            s.stop_reason = match.stop
+            if s.is_finished:  # it also reached max_tokens in this step: the stop string says why it ended
+                s.finish_reason = "stop"
+            else:
+                self.engine.finish(s, "stop")
+        return stepped
+
+    def _text(self, s, final: bool = False) -> str:
+        """A completion's text so far: its decoded output, cut at a stop string that ended it."""
+        if s.seq_id in self._stopped:
+            return self._stopped.pop(s.seq_id) if final else self._stopped[s.seq_id]
+        return self.tokenizer.decode(s.output_token_ids)
+
     def _output(self, seq) -> RequestOutput:
         """The request's output so far; ``seq`` is its first sequence (completion 0)."""
         finished = seq.request_finished
         text = self._texts.pop(seq.request_id, None) if finished else self._texts.get(seq.request_id)
-        outputs = [CompletionOutput(s.child_index, s.output_token_ids, self.tokenizer.decode(s.output_token_ids),
-                                    s.finish_reason) for s in seq.completions]
+        outputs = [CompletionOutput(s.child_index, s.output_token_ids, self._text(s, final=finished), s.finish_reason,
+                                    s.stop_reason, s.logprobs) for s in seq.completions]
         first = outputs[0]
         return RequestOutput(seq.request_id, text, seq.prompt_token_ids, first.token_ids, first.text,
                              first.finish_reason, sum(s.tokens_processed for s in seq.completions), finished, outputs)
@@ -136,7 +163,7 @@ class LLM:
             self._texts[seq.request_id] = text
             seqs.append(seq)
         while self.engine.has_unfinished_requests():
-            self.engine.step()
+            self._step()
         return [self._output(s) for s in seqs]
 
     def _generate_tensor_parallel(self, encoded, params) -> list[RequestOutput]:
@@ -146,6 +173,12 @@ class LLM:
         if bad:
             raise ValueError(f"request {bad[0]}: with tensor_parallel_size > 1 each request has one completion: "
                              f"n must be 1, got {params[bad[0]].n}")
+        for n, sp in enumerate(params):  # the ranks run the plain sampler on token ids alone
+            asked = [f for f, on in (("stop", sp.stop), ("stop_token_ids", sp.stop_token_ids),
+                                     ("logprobs", sp.logprobs is not None), ("penalties or min_p", sp.processes_logits))
+                     if on]
+            if asked:
+                raise ValueError(f"request {n}: {asked[0]} is not supported with tensor_parallel_size > 1")
         model = self.engine.model_dir or self.model  # a directory: each rank loads it itself
         done = tp_generate(model, [ids for _, ids in encoded], params, world_size=self.tensor_parallel_size,
                            plan=self.tensor_parallel_plan)
@@ -158,18 +191,17 @@ class LLM:
         return outs
 
     def stream(self, prompt, sampling_params: SamplingParams | None = None):
-        """Yields the completion's text in pieces as tokens are generated."""
+        """Yields the completion's text in pieces as tokens are generated; with stop strings, the last
+        characters are held back until they cannot start one (miniengine/stop_strings.py)."""
         if sampling_params is not None and sampling_params.n != 1:
             raise ValueError(f"stream serves one completion: n must be 1, got {sampling_params.n}")
         rid = self.add_request(prompt, sampling_params)
         seq = self.engine.requests[rid]
-        detok = IncrementalDetokenizer(self.tokenizer)
-        sent = 0
+        sent = ""
         while not seq.is_finished:
-            self.engine.step()
-            for tok in seq.output_token_ids[sent:]:
-                delta = detok.push(tok)
-                if delta:
-                    yield delta
-            sent = len(seq.output_token_ids)
+            self._step()
+            ready = sendable(self._text(seq), seq.params.stop, seq.is_finished)
+            if len(ready) > len(sent):
+                yield ready[len(sent):]
+                sent = ready
         self._output(seq)

@@ -11,6 +11,17 @@ class CompletionOutput:
     token_ids: list[int]
     text: str
     finish_reason: str | None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (vLLM's name)
+    # SamplingParams(logprobs=k): per output token, {token id: logprob} of the chosen token and the k most likely,
+    # under the model's raw distribution (miniengine.logits_processors.top_logprobs)
+    logprobs: list[dict[int, float]] | None = None
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """The sum of the chosen tokens' logprobs (None without logprobs)."""
+        if self.logprobs is None:
+            return None
+        return float(sum(entry[t] for entry, t in zip(self.logprobs, self.token_ids)))
 
 
 @dataclasses.dataclass

@@ -13,6 +13,7 @@ import dataclasses
 import torch
 
 from miniengine.attention import NoCacheBackend
+from miniengine.logits_processors import process_row
 from miniengine.request import validate_requests
 from miniengine.sampling import sample_token
 
@@ -64,11 +65,14 @@ def naive_generate(model, prompts, params, eos_token_id: int | None = None, dtyp
             c.tokens_processed += lens[row]
             if return_logits:
                 c.logits.append(logits[row].clone())
-            tok = sample_token(logits[row], params[i], position=lens[row])
+            chosen_from = logits[row]
+            if params[i].processes_logits:  # penalties and min_p (logits_processors), from this request's tokens
+                chosen_from = process_row(chosen_from.numpy(), prompts[i], c.token_ids, params[i])
+            tok = sample_token(chosen_from, params[i], position=lens[row])
             c.token_ids.append(tok)
             if on_token is not None:
                 on_token(i, tok)
-            if tok == eos_token_id and not params[i].ignore_eos:
+            if (tok == eos_token_id and not params[i].ignore_eos) or tok in params[i].stop_token_ids:
                 c.finish_reason = "stop"
             elif len(c.token_ids) < params[i].max_tokens:
                 still.append(i)

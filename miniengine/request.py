@@ -22,6 +22,9 @@ def validate_prompt(prompt_ids, params: SamplingParams, vocab_size: int, max_pos
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab_size:
             raise ValueError(f"prompt token id at index {i} must be an integer in [0, {vocab_size}), got {t!r}")
+    for t in params.stop_token_ids:
+        if t >= vocab_size:
+            raise ValueError(f"stop_token_ids must hold token ids in [0, {vocab_size}), got {t}")
     total = len(ids) + params.max_tokens
     if total > max_position_embeddings:
         raise ValueError(

@@ -19,6 +19,14 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+# The most logprobs a request may ask for: vLLM's default max_logprobs, so a client written for it fits here.
+MAX_LOGPROBS = 20
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """vLLM's field names.  temperature=0 means greedy; top_k=0 and top_p=1 mean off."""
@@ -30,6 +38,15 @@ class SamplingParams:
     seed: int = 0
     ignore_eos: bool = False
     n: int = 1  # completions of the prompt; child i samples with seed child_seed(seed, i)
+    # What an OpenAI client sends (miniengine/logits_processors.py and miniengine/stop_strings.py say how each acts).
+    stop: tuple[str, ...] = ()  # text that ends a completion; a str or a list is accepted and kept as a tuple
+    stop_token_ids: tuple[int, ...] = ()  # token ids that end a completion (kept in token_ids, as end-of-text is)
+    include_stop_str_in_output: bool = False
+    repetition_penalty: float = 1.0  # > 0; 1 means off; over prompt and output tokens
+    presence_penalty: float = 0.0  # in [-2, 2]; 0 means off; over output tokens
+    frequency_penalty: float = 0.0  # in [-2, 2]; 0 means off; over output tokens
+    min_p: float = 0.0  # in [0, 1]; 0 means off
+    logprobs: int | None = None  # None: none returned; k: the chosen token's and the k most likely (k <= MAX_LOGPROBS)
 
     def __post_init__(self):
         t = self.temperature
@@ -46,6 +63,37 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        self._check_openai_fields()
+
+    def _check_openai_fields(self):
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) and x for x in stop):
+            raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))  # frozen: hashable and safe to share between requests
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise ValueError(f"include_stop_str_in_output must be true or false, got {self.include_stop_str_in_output!r}")
+        r = self.repetition_penalty
+        if not _is_real(r) or not r > 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 means off), got {r!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_real(v) or not -2 <= v <= 2:
+                raise ValueError(f"{name} must be a number in [-2, 2] (0 means off), got {v!r}")
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be a number in [0, 1] (0 means off), got {self.min_p!r}")
+        k = self.logprobs
+        if k is not None and (not _is_int(k) or not 0 <= k <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {k!r}")
+
+    @property
+    def processes_logits(self) -> bool:
+        """Does anything change the logits before the sampler (penalties, min_p)?"""
+        return (self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.min_p > 0)
 
     @property
     def greedy(self) -> bool:

@@ -23,6 +23,8 @@ class ScheduledBatch:
     # and the drafted tokens each decode feeds after its own in this pass (spec.decoding).  Empty otherwise.
     num_lookahead_slots: list[int] = dataclasses.field(default_factory=list)
     draft_token_ids: list[list[int]] = dataclasses.field(default_factory=list)
+    # One entry per sample row (sample_rows()) when a row asks for logprobs: {token id: logprob} or None.
+    logprobs: list | None = None
 
     def drafts(self, i: int) -> list[int]:
         """The drafted tokens sequence i feeds after its own new tokens (none outside a speculative step)."""

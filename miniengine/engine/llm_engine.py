@@ -135,6 +135,14 @@ class LLMEngine:
         if params.n > c.max_num_seqs:
             raise ValueError(f"n must be <= max_num_seqs={c.max_num_seqs} (the completions decode together), "
                              f"got {params.n}")
+        if self.spec is not None:  # the verifier draws from the raw rows: nothing may change them, none kept
+            asked = [f for f, on in (("repetition_penalty", params.repetition_penalty != 1),
+                                     ("presence_penalty", params.presence_penalty != 0),
+                                     ("frequency_penalty", params.frequency_penalty != 0), ("min_p", params.min_p > 0),
+                                     ("logprobs", params.logprobs is not None)) if on]
+            if asked:
+                raise ValueError(f"{asked[0]} is not supported with speculative decoding (num_speculative_tokens="
+                                 f"{c.num_speculative_tokens}): leave it at its default, or serve without a draft")
         capacity = getattr(self.kv, "capacity_tokens", None)  # a KV layout with a fixed pool says how big it is
         if capacity is not None and len(ids) + params.max_tokens > capacity:
             if isinstance(self.kv, PagedKV) and c.kv is None:
@@ -151,6 +159,12 @@ class LLMEngine:
         if seq is not None:
             self.requests.pop(seq.request_id, None)
         return seq is not None
+
+    def finish(self, seq: Sequence, reason: str = "stop") -> None:
+        """End one completion now, between steps (a stop string found in its text), and free its KV memory."""
+        self.scheduler.finish(seq, reason)
+        if seq.request_finished and self.requests.get(seq.request_id) is seq.root:
+            del self.requests[seq.request_id]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

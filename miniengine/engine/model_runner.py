@@ -11,7 +11,23 @@ import torch
 
 from miniengine import plugs
 from miniengine.engine.batch import ScheduledBatch
+from miniengine.logits_processors import process_row, top_logprobs
 from miniengine.plugs.conformance import check
+
+
+def processed(batch: ScheduledBatch, rows, logits: torch.Tensor) -> torch.Tensor:
+    """The rows the sampler draws from: penalties and min_p applied (logits_processors) to the rows that ask for
+    them, in float64 from their own sequence's tokens; the logits themselves when no row does."""
+    asking = [j for j, (_, p) in enumerate(rows) if p.processes_logits]
+    if not asking:
+        return logits
+    out = logits.detach().double().clone()  # float64 holds every float32 exactly: the other rows are unchanged
+    for j in asking:
+        i, params = rows[j]
+        seq = batch.seqs[i]
+        row = process_row(out[j].cpu().numpy(), seq.prompt_token_ids, seq.output_token_ids, params)
+        out[j] = torch.from_numpy(row).to(out.device)
+    return out
 
 
 class ModelRunner:
@@ -54,7 +70,13 @@ class ModelRunner:
             logits = logits[torch.tensor([i for i, _ in rows], dtype=torch.long, device=logits.device)]
         # The token a row chooses lands right after the sequence's last fed token.
         positions = [batch.seqs[i].num_cached_tokens + batch.num_new_tokens[i] for i, _ in rows]
-        return self.sampler(logits, [p for _, p in rows], positions)
+        raw, logits = logits, processed(batch, rows, logits)
+        tokens = self.sampler(logits, [p for _, p in rows], positions)
+        if any(p.logprobs is not None for _, p in rows):  # postprocess hands each row's entry to its sequence
+            lp_rows = raw.detach().double().cpu().numpy()
+            batch.logprobs = [None if p.logprobs is None else top_logprobs(lp_rows[j], tokens[j], p.logprobs)
+                              for j, (_, p) in enumerate(rows)]
+        return tokens
 
     def run(self, batch: ScheduledBatch) -> list[list[int]]:
         """One step: for each row of ``batch.sample_rows()``, the tokens it emits, a list of one (for postprocess)."""

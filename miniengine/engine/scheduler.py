@@ -38,8 +38,12 @@ from miniengine.engine.sequence import Sequence, SequenceStatus
 
 
 def stop_reason(seq: Sequence, token_id: int, eos_token_id: int) -> str | None:
-    """The engine's one stop rule: right after end-of-text (unless ignore_eos), or at max_tokens."""
+    """The engine's one stop rule: right after end-of-text (unless ignore_eos) or a stop token id, or at max_tokens.
+    (Stop strings are text: miniengine.stop_strings ends those a step later, from the decoded text.)"""
     if token_id == eos_token_id and not seq.params.ignore_eos:
+        return "stop"
+    if token_id in seq.params.stop_token_ids:  # stops even with ignore_eos, as in vLLM
+        seq.stop_reason = token_id
         return "stop"
     if len(seq.output_token_ids) >= seq.params.max_tokens:
         return "length"
@@ -102,6 +106,14 @@ class Scheduler:
                     seq.fork_pending = False
                     root = seq.root
         return root
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End one running or waiting sequence now (a stop string found in its text) and free what it holds."""
+        for queue in (self.waiting, self.running):
+            if seq in queue:
+                queue.remove(seq)
+        if not seq.is_finished:
+            self._finish(seq, reason)
 
     def schedule(self, now: float = 0.0) -> ScheduledBatch:
         decodes, preempted = self._decodes()
@@ -229,6 +241,7 @@ class Scheduler:
         speculative step rolls the rest of the KV memory back.
         """
         finished, rows = [], iter(token_ids)
+        logprobs = iter(batch.logprobs or [])  # one entry per row, when a row asked for them
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             drafts = batch.drafts(i)
             seq.tokens_processed += n + len(drafts)
@@ -245,6 +258,9 @@ class Scheduler:
                     completions.append(child)
             for s in completions:
                 emitted = emitted_tokens(next(rows))
+                entry = next(logprobs, None)
+                if entry is not None:
+                    s.logprobs.append(entry)
                 if not 1 <= len(emitted) <= len(drafts) + 1:
                     raise RuntimeError(f"a row of token_ids must hold 1 to {len(drafts) + 1} tokens for a sequence fed "
                                        f"{len(drafts)} drafted tokens, got {emitted}")

@@ -34,6 +34,8 @@ class Sequence:
         self.num_cached_tokens = 0
         self.tokens_processed = 0  # tokens fed through the model, over all steps (recomputation counts again)
         self.finish_reason: str | None = None  # "stop" (end-of-text), "length" (max_tokens) or "abort"
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it, as vLLM says
+        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None  # one entry per output token
         self.arrival_time = arrival_time
         self.kv = None  # the KV plug's handle, while RUNNING
         self.logits: list | None = None  # the chosen rows, when the engine keeps them

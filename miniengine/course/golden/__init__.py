@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from miniengine.course.golden.cases import build, build_cases, build_fork_cases, model_sha256
 from miniengine.course.golden.command import add_arguments, run
-from miniengine.course.golden.dataset import (CASE_KINDS, FORK_N, FORK_PARAMS, FORK_PROMPTS, GQA_MODEL, HIDDEN_DIR,
+from miniengine.course.golden.dataset import (CASE_KINDS, FEATURE_KINDS, FEATURES_NAME, FORK_N, FORK_PARAMS, FORK_PROMPTS, GQA_MODEL, HIDDEN_DIR,
                                               HIDDEN_FILE, HIDDEN_PROMPTS_FILE, HIDDEN_SEED_BASE, MAX_TOKENS,
                                               QUANT_KINDS, QUANT_SCHEMES, VISIBLE_FILE, VISIBLE_PROMPTS, dumps,
                                               gqa_file, load_golden, quant_file, same)
@@ -34,7 +34,7 @@ from miniengine.course.golden.screening import CUTOFF, GAP, MIN_TOKENS, SEED_TRI
 
 __all__ = [
     "GAP", "CUTOFF", "MIN_TOKENS", "SEED_TRIES", "step_margins", "first_unsafe_step",
-    "MAX_TOKENS", "HIDDEN_SEED_BASE", "VISIBLE_PROMPTS", "CASE_KINDS", "FORK_N", "FORK_PROMPTS", "FORK_PARAMS",
+    "MAX_TOKENS", "HIDDEN_SEED_BASE", "VISIBLE_PROMPTS", "CASE_KINDS", "FEATURE_KINDS", "FEATURES_NAME", "FORK_N", "FORK_PROMPTS", "FORK_PARAMS",
     "QUANT_SCHEMES", "QUANT_KINDS", "GQA_MODEL", "VISIBLE_FILE", "HIDDEN_DIR", "HIDDEN_FILE", "HIDDEN_PROMPTS_FILE",
     "gqa_file", "quant_file", "dumps", "load_golden", "same",
     "model_sha256", "build_cases", "build_fork_cases", "build",

@@ -6,11 +6,12 @@ import hashlib
 import json
 from pathlib import Path
 
-from miniengine.course.golden.dataset import (CASE_KINDS, FORK_N, FORK_PARAMS, FORK_PROMPTS, GQA_MODEL, HIDDEN_DIR,
+from miniengine.course.golden.dataset import (CASE_KINDS, FEATURE_KINDS, FEATURES_NAME, FORK_N, FORK_PARAMS, FORK_PROMPTS, GQA_MODEL, HIDDEN_DIR,
                                               HIDDEN_FILE, HIDDEN_PROMPTS_FILE, HIDDEN_SEED_BASE, MAX_TOKENS,
                                               QUANT_KINDS, QUANT_SCHEMES, VISIBLE_FILE, VISIBLE_PROMPTS, gqa_file,
                                               quant_file)
 from miniengine.course.golden.screening import CUTOFF, GAP, MIN_TOKENS, SEED_TRIES, first_unsafe_step
+from miniengine.logits_processors import top_logprobs
 from miniengine.model import load_model
 from miniengine.paths import GOLDEN, MODELS, REPO_ROOT, TARGET
 from miniengine.reference import naive_generate
@@ -65,15 +66,35 @@ def build_cases(model, tok, prompts: list[str], eos_id: int, seed_base: int = 0,
             "name": f"p{pi}-{kind}",
             "prompt": prompts[pi],
             "prompt_token_ids": ids[pi],
-            "params": {k: getattr(params, k) for k in ("temperature", "top_k", "top_p", "max_tokens", "seed")},
+            "params": recorded(params),
             "token_ids": c.token_ids,
             "text": tok.decode(c.token_ids),
             "finish_reason": c.finish_reason,
             "tokens_processed": c.tokens_processed,
             "chosen_logits": [round(float(l[t]), 6) for l, t in zip(c.logits, c.token_ids)],
             "min_margins": {"gap": round(worst["gap"], 6), "ambiguous": worst["ambiguous"]},
+            **logprob_entries(params, c),
         })
     return cases
+
+
+def recorded(params: SamplingParams) -> dict:
+    """A case's params: the sampler's five fields, and any other field set away from its default."""
+    out = {k: getattr(params, k) for k in ("temperature", "top_k", "top_p", "max_tokens", "seed")}
+    default = SamplingParams()
+    for f in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "logprobs"):
+        if getattr(params, f) != getattr(default, f):
+            out[f] = getattr(params, f)
+    return out
+
+
+def logprob_entries(params: SamplingParams, c) -> dict:
+    """With logprobs=k: per output token, [token id, logprob] of the chosen token and the k most likely, from the
+    float64 reference's raw logits (JSON keys are strings, so pairs)."""
+    if params.logprobs is None:
+        return {}
+    rows = [top_logprobs(l.numpy(), t, params.logprobs) for l, t in zip(c.logits, c.token_ids)]
+    return {"logprobs": [[[t, round(v, 6)] for t, v in row.items()] for row in rows]}
 
 
 def build_fork_cases(model, tok, prompts: list[str], eos_id: int, seed_base: int = 0) -> list[dict]:
@@ -127,7 +148,9 @@ def build(model_dir: Path = TARGET) -> dict[Path, dict]:
     }
     eos = model.config.eos_token_id
     files = {VISIBLE_FILE: {**header, "cases": build_cases(model, tok, VISIBLE_PROMPTS, eos),
-                            "fork_cases": build_fork_cases(model, tok, VISIBLE_PROMPTS[:FORK_PROMPTS], eos)}}
+                            "fork_cases": build_fork_cases(model, tok, VISIBLE_PROMPTS[:FORK_PROMPTS], eos)},
+             GOLDEN / FEATURES_NAME: {**header, "cases": build_cases(model, tok, VISIBLE_PROMPTS, eos,
+                                                                     kinds=FEATURE_KINDS)}}
     from miniengine.layers.quant import dequantized_copy
     hidden = json.loads(HIDDEN_PROMPTS_FILE.read_text())["prompts"] if HIDDEN_PROMPTS_FILE.exists() else None
     for scheme in QUANT_SCHEMES:
@@ -162,6 +185,8 @@ def build(model_dir: Path = TARGET) -> dict[Path, dict]:
         files[HIDDEN_DIR / "gqa2_pooled.json"] = {**head, "cases": build_cases(
             pooled, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE, kinds=QUANT_KINDS)}
         # Seeds of their own, so that no hidden sampled run shares its noise with a visible one.
+        files[HIDDEN_DIR / FEATURES_NAME] = {**header, "cases": build_cases(
+            model, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE, kinds=FEATURE_KINDS)}
         files[HIDDEN_FILE] = {**header, "cases": build_cases(model, tok, hidden, eos, seed_base=HIDDEN_SEED_BASE),
                               "fork_cases": build_fork_cases(model, tok, hidden[:FORK_PROMPTS], eos,
                                                              seed_base=HIDDEN_SEED_BASE)}

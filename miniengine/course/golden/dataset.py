@@ -31,6 +31,14 @@ CASE_KINDS = {
     "top_p": dict(temperature=1.0, top_p=0.8),
     "combined": dict(temperature=0.7, top_k=40, top_p=0.9),
 }
+# What an OpenAI client adds (SamplingParams' penalties, min_p, logprobs), in a file of their own (FEATURES_FILE), so
+# that the milestones' golden cases stay as they are.  Stop strings are text: the tests cut golden texts themselves.
+FEATURE_KINDS = {
+    "repetition": dict(temperature=0.0, repetition_penalty=1.3),
+    "penalties": dict(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.8),
+    "min_p": dict(temperature=1.0, min_p=0.1, logprobs=3),
+    "all": dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.1, frequency_penalty=0.3),
+}
 # SamplingParams(n=FORK_N) cases: the reference runs each completion on its own, with its derived seed
 # (miniengine.sampling.child_seed); an engine that forks after the prefill must match every one.
 FORK_N = 4
@@ -46,6 +54,7 @@ VISIBLE_FILE = GOLDEN / "visible.json"
 HIDDEN_DIR = REPO_ROOT / "autograder" / "hidden"
 HIDDEN_FILE = HIDDEN_DIR / "golden.json"
 HIDDEN_PROMPTS_FILE = HIDDEN_DIR / "prompts.json"  # instructor-only, like the golden file built from it
+FEATURES_NAME = "sampling_features.json"  # data/golden/ and autograder/hidden/
 
 
 def gqa_file(hidden: bool = False) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from miniengine.logits_processors import apply_penalties, min_p_mask
 from miniengine.sampling import SamplingParams, gumbel_noise, softmax, top_k_mask
 
 GAP = 1e-3
@@ -34,11 +35,14 @@ def step_margins(logits: np.ndarray, params: SamplingParams, position: int) -> d
         top2 = np.sort(logits)[-2:]
         return {"gap": float(top2[1] - top2[0]), "ambiguous": 0}
     scaled = logits / params.temperature
-    keep = top_k_mask(scaled, params.top_k)
     ambiguous = np.zeros(logits.shape, dtype=bool)
+    if params.min_p > 0:  # vLLM's order: min_p on the scaled logits first, then top-k and top-p on what it keeps
+        ambiguous |= np.abs(scaled - scaled.max() - np.log(params.min_p)) < CUTOFF
+        scaled = np.where(min_p_mask(logits, params), scaled, -np.inf)
+    keep = top_k_mask(scaled, params.top_k)
     if 0 < params.top_k < logits.size:
         s = np.sort(scaled)[::-1]
-        if s[params.top_k - 1] - s[params.top_k] < CUTOFF:  # the k-th and (k+1)-th nearly tie
+        if np.isfinite(s[params.top_k]) and s[params.top_k - 1] - s[params.top_k] < CUTOFF:  # k-th, (k+1)-th tie
             for v in (s[params.top_k - 1], s[params.top_k]):
                 ambiguous |= np.abs(scaled - v) < CUTOFF
     if params.top_p < 1:
@@ -59,7 +63,10 @@ def first_unsafe_step(completion, params: SamplingParams) -> tuple[int | None, d
     """Index of the first step that fails screening (None if all pass), the smallest gap and the most ambiguous tokens."""
     worst = {"gap": np.inf, "ambiguous": 0}
     for step, logits in enumerate(completion.logits):
-        m = step_margins(logits.numpy(), params, len(completion.prompt_token_ids) + step)
+        logits = logits.numpy()
+        if params.processes_logits:  # the penalties move the logits the sampler sees, from the tokens so far
+            logits = apply_penalties(logits, completion.prompt_token_ids, completion.token_ids[:step], params)
+        m = step_margins(logits, params, len(completion.prompt_token_ids) + step)
         worst = {"gap": min(worst["gap"], m["gap"]), "ambiguous": max(worst["ambiguous"], m["ambiguous"])}
         if m["gap"] < GAP:
             return step, worst
