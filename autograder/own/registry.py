@@ -57,6 +57,8 @@ PARTS = (
          "exact in distribution, not token for token: Lab 06's engine cell runs it"),
     Part("rollback", 6, "KV rollback (truncate)", ("BlockManager",), APART,
          "used when speculating, which excludes your sampler and chunked prefill"),
+    Part("proposer", 6, "prompt-lookup proposer", ("PromptLookupProposer",), APART,
+         "drafts only when speculating, which excludes your sampler: Lab 06's measurement cell runs it", course=False),
     Part("int4", 7, "int4 weights", ("Int4GroupWise",), LOSSY, "lossy: Lab 07's engine cell serves it"),
     Part("gqa", 7, "GQA conversion", ("mean_pool_kv",), LOSSY, "lossy: a converted model, with tokens of its own"),
     Part("prefix_cache", 8, "prefix cache", ("PrefixCache",)),
