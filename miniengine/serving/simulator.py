@@ -13,7 +13,9 @@ simulator prices that batch, and then "samples" a token for each sequence:
 end-of-text when the request has reached its output length, another token
 otherwise.  The scheduler therefore learns that a request is done only at the
 step it ends, exactly as in the real engine.  Only the simulator knows output
-lengths in advance.
+lengths in advance; a workload may carry a length predictor's noisy guess
+(``with_predictions``), which a policy reads as ``seq.predicted_output_len``
+(None without a predictor).
 
 The pieces:
 - ``chat_workload`` (:mod:`miniengine.serving.workloads`, importable from here too): requests with
@@ -43,13 +45,13 @@ from miniengine.engine.sequence import Sequence
 from miniengine.plugs.conformance import check
 from miniengine.sampling import SamplingParams
 from miniengine.serving.metrics import SLO, RequestTimeline, duration, summarize
-from miniengine.serving.workloads import SimRequest, chat_workload, lognormal_lengths
+from miniengine.serving.workloads import SimRequest, chat_workload, lognormal_lengths, with_predictions
 
 __all__ = [
     # this module: the simulated model, the event loop and the rate sweep
     "EOS", "OTHER", "NO_LIMIT", "CostModelFromFunctions", "FCFS", "UnlimitedKV", "SimResult", "simulate", "sweep",
     # the workloads it serves (miniengine.serving.workloads)
-    "SimRequest", "lognormal_lengths", "chat_workload",
+    "SimRequest", "lognormal_lengths", "chat_workload", "with_predictions",
     # the engine's policies, which the simulator runs as they are (miniengine.engine.policy)
     "FCFSPolicy", "StaticBatching", "ContinuousBatching",
 ]
@@ -143,6 +145,7 @@ class _Loop:
         while self.next < len(self.pending) and self.pending[self.next].arrival <= self.now:
             r = self.pending[self.next]
             r.seq = Sequence([OTHER] * r.prompt_len, SamplingParams(max_tokens=NO_LIMIT), r.id, r.arrival)
+            r.seq.predicted_output_len = r.predicted_len  # what a policy may read of the length: a guess, or None
             self.by_seq[r.seq.seq_id] = r
             self.scheduler.add(r.seq)
             self.next += 1

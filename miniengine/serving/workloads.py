@@ -23,6 +23,7 @@ class SimRequest:
     prompt_len: int
     output_len: int
     cached: int = 0  # tokens whose K/V are in the cache
+    predicted_len: int | None = None  # a length predictor's guess at output_len (None: no predictor), see with_predictions
     timeline: RequestTimeline = None
     seq: Sequence | None = None  # the engine's view of it: what the scheduler and policy see
 
@@ -77,3 +78,15 @@ def chat_workload(n: int, rate: float, seed: int = 0, prompt_mean: float = 512, 
     outputs = lognormal_lengths(rng, output_mean, sigma, n)
     arrivals = np.cumsum(rng.standard_exponential(n)) / rate
     return [SimRequest(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
+
+
+def with_predictions(requests: list[SimRequest], sigma: float, seed: int = 0) -> list[SimRequest]:
+    """Give each request a predicted output length, as a noisy length predictor would: output_len * exp(sigma * z),
+    z standard normal, rounded and at least 1 (sigma = 0: a perfect predictor).  The noise has its own seeded stream,
+    so the requests' lengths and arrivals stay those of the workload.  Returns the same requests."""
+    if not (isinstance(sigma, (int, float)) and sigma >= 0):
+        raise ValueError(f"sigma must be a number >= 0, got {sigma!r}")
+    z = np.random.default_rng([seed, 7919]).standard_normal(len(requests))
+    for r, zi in zip(requests, z):
+        r.predicted_len = max(1, int(np.rint(r.output_len * math.exp(sigma * zi))))
+    return requests

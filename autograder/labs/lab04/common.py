@@ -46,9 +46,9 @@ def hint(got, waiting):
         later = [j for j in got if j > i]
         if i not in got and later:
             return (f" Request {later[0]} ({waiting[later[0]].num_new_tokens} tokens) overtook request {i} "
-                    f"({waiting[i].num_new_tokens} tokens), which did not fit: first-come first-served stops at the "
-                    f"first waiting request that does not fit, or a long prompt could wait forever behind a stream "
-                    f"of short ones (starvation).")
+                    f"({waiting[i].num_new_tokens} tokens), which did not fit: under first-come first-served no request "
+                    f"starts before an older one that is still waiting, or a long prompt could wait forever behind a "
+                    f"stream of short ones (starvation).")
     return ""
 
 
