@@ -57,7 +57,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "== setting up $(VENV) (pinned set from constraints.txt) =="
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt uv
-	$(UV_ENV) $(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c constraints.txt -e '.[lab,grading,test,hf]'
+	$(UV_ENV) $(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c constraints.txt -e '.[lab,grading,test,hf,serve]'
 	@# Without JupyterHub, nbgrader's exchange-based extensions only show errors (autograder/README.md, nbgrader fact 8).
 	@# What `jupyter server extension disable --sys-prefix` and `jupyter labextension disable --level=sys_prefix`
 	@# write, written directly (the two commands took 8 s); both plugins locked as well as disabled, where the command

@@ -109,6 +109,12 @@ class LLM:
         return self.engine.has_unfinished_requests()
 
     def abort(self, request_id) -> bool:
+        """Stop a request and free its KV memory (and what LLM kept of its text); False if unknown or finished."""
+        seq = self.engine.requests.get(request_id)
+        if seq is not None:
+            self._texts.pop(request_id, None)
+            for s in seq.completions:
+                self._stopped.pop(s.seq_id, None)
         return self.engine.abort(request_id)
 
     def _step(self):

@@ -54,4 +54,4 @@ def sendable(text: str, stops, finished: bool) -> str:
         return text
     text = text.rstrip("\ufffd")
     keep = held_back(stops)
-    return text[: len(text) - keep] if keep else text
+    return text[: max(0, len(text) - keep)]  # (a text shorter than what is held back sends nothing yet)

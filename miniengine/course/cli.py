@@ -1,4 +1,4 @@
-"""The command line behind `python -m miniengine` {generate,info,roofline,bench,simulate,disagg,train,convert-gqa,golden,card} ...
+"""The command line behind `python -m miniengine` {generate,serve,info,roofline,bench,simulate,disagg,train,convert-gqa,golden,card} ...
 
 Bad arguments exit with status 2 and one line on stderr, never a traceback.
 """
@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(sub.add_parser("bench", help="benchmarks: tables of medians and ratios measured in one run"))
     simulate.add_arguments(sub.add_parser("simulate", help="batch-1, static and continuous batching on the paper GPU, over seeds"))
     disagg.add_arguments(sub.add_parser("disagg", help="colocated vs prefill/decode-split GPUs on the paper GPU"))
+
+    from miniengine.serving.api import launch
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server: /v1/completions (streaming too), /metrics")
+    launch.add_arguments(sv)
+    sv.set_defaults(func=launch.run)
     return parser
 
 

@@ -157,6 +157,7 @@ def test_sendable_holds_back_what_could_start_a_stop_string():
     assert sendable("hello wor", ["world"], finished=False) == "hello"
     assert sendable("hello wor", ["world"], finished=True) == "hello wor"
     assert sendable("caf\ufffd", [], finished=False) == "caf"
+    assert sendable("\n   ", ["of ", "never appears"], finished=False) == ""  # shorter than the 12 held back
 
 
 def stop_inside_a_token(tok, token_ids):
