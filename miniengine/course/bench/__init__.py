@@ -8,6 +8,7 @@
     python -m miniengine bench spec    [--prompts 4 --new-tokens 64 --gammas 1 2 4 8]
     python -m miniengine bench quant   [--group-size 64 --new-tokens 128 --runs 3]
     python -m miniengine bench tp      [--batches 1 16 --steps 20 --repeats 3 --cases 40 --tp-size 8 --latency-us 10]
+    python -m miniengine bench online  [--url URL --rates 2 4 8 16 --requests 48 --plot online.png]
     python -m miniengine bench gpu     [--batches 1 16 64 --context 512 --repeats 50 --new-tokens 256]   (CUDA only)
 
 Speed claims live here, not in tests: this machine is shared and noisy, so a
@@ -25,6 +26,7 @@ One module per milestone, each with its verb's function and a ``register(sub)`` 
     spec      speculative         6  speculative decoding
     quant     quantization        7  int8 and int4 weights
     tp        tensor_parallel     9  tensor parallelism
+    online    online              10 a streaming client over HTTP against the same trace in-process
     gpu       gpu                 -  CUDA graphs against eager decode, on a GPU
 
 The verbs' functions stay importable from here (``from miniengine.course import bench; bench.kv(args)``), as do
@@ -32,8 +34,8 @@ the inputs every benchmark shares (:mod:`.inputs`: ``bench_prompt``, ``batch_pro
 """
 from __future__ import annotations
 
-from miniengine.course.bench import (batching, chunked_prefill, gpu, kv_cache, paged, quantization, serving,
-                                     speculative, tensor_parallel)
+from miniengine.course.bench import (batching, chunked_prefill, gpu, kv_cache, online, paged, quantization,
+                                     serving, speculative, tensor_parallel)
 from miniengine.course.bench.batching import batch
 from miniengine.course.bench.chunked_prefill import chunked
 from miniengine.course.bench.inputs import batch_prompts, bench_prompt, warm_up
@@ -48,7 +50,7 @@ __all__ = ["add_arguments", "VERBS", "bench_prompt", "batch_prompts", "warm_up",
            "decode_step_tok_s", "serve", "serve_shared_prefix", "chunked", "kv", "DRAFTS", "spec", "quant", "tp"]
 
 # In the order of `bench --help`: the order the verbs were always listed in.
-VERBS = (kv_cache, batching, serving, chunked_prefill, paged, speculative, quantization, tensor_parallel, gpu)
+VERBS = (kv_cache, batching, serving, chunked_prefill, paged, speculative, quantization, tensor_parallel, online, gpu)
 
 
 def add_arguments(p) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import socket
 
 from miniengine.config import EngineConfig
 
@@ -54,6 +55,13 @@ def _plug_value(field: str, raw: str | None):
     if ":" in raw:
         return load_object(raw, flag)
     return raw  # a name ("int8", "coupled") or a path; EngineConfig checks it
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it): for a server started by a test or a benchmark."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
