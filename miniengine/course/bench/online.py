@@ -31,7 +31,8 @@ def _trace(tok, args):
 
     rng = np.random.default_rng(args.seed)
     prompt_lens = np.clip(lognormal_lengths(rng, 32, 0.5, args.requests), 4, 128).astype(int)
-    new_lens = np.clip(lognormal_lengths(rng, args.mean_new_tokens, 0.5, args.requests), 4, 256).astype(int)
+    new_lens = (np.clip(lognormal_lengths(rng, args.mean_new_tokens, args.output_sigma, args.requests), 4, 256)
+                if args.output_sigma > 0 else np.full(args.requests, args.mean_new_tokens)).astype(int)
     unit_arrivals = np.cumsum(rng.exponential(1.0, args.requests))
     windows = batch_prompts(tok, args.requests, 128)
     return [(w[:p], int(n)) for w, p, n in zip(windows, prompt_lens, new_lens)], unit_arrivals
@@ -149,7 +150,7 @@ def online(args) -> int:
             rows.append((rate, metrics.summarize(timelines, slo), metrics.summarize(local, slo)))
     print(f"online benchmark: {model_dir.name} over HTTP ({'--url ' + args.url if args.url else 'serve, started here'}) "
           f"against the same trace in-process; {args.requests} requests per rate, prompts ~32 and outputs "
-          f"~{args.mean_new_tokens} tokens (lognormal), greedy, {args.max_num_seqs} seats, torch threads "
+          f"~{args.mean_new_tokens} tokens (lognormal, sigma {args.output_sigma}), greedy, {args.max_num_seqs} seats, torch threads "
           f"{torch.get_num_threads()}, SLO TTFT <= {args.slo_ttft} s and TPOT <= {1e3 * args.slo_tpot:.0f} ms; "
           f"milliseconds unless marked")
     print(f"{'rate/s  where':<22} {'TTFT50':>7} {'TTFT90':>7} {'TTFT99':>7} {'TPOT50':>6} {'TPOT90':>6} "
@@ -207,6 +208,8 @@ def register(sub) -> None:
     s.add_argument("--requests", type=int, default=64, help="requests per rate")
     s.add_argument("--batch-one", type=int, default=8, help="requests sent one at a time first, for batch 1's TPOT")
     s.add_argument("--mean-new-tokens", type=int, default=48)
+    s.add_argument("--output-sigma", type=float, default=0.5,
+                   help="spread of the output lengths (lognormal sigma); 0 gives every request the same length")
     s.add_argument("--max-num-seqs", type=int, default=32)
     s.add_argument("--kv-cache-tokens", type=int, default=16384)
     s.add_argument("--slo-ttft", type=float, default=1.0, help="seconds")
