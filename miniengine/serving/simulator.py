@@ -134,10 +134,10 @@ class SimResult:
 class _Loop:
     """State of one simulation: the engine's scheduler, the clock, and the simulated model."""
 
-    def __init__(self, requests, policy, model, max_num_seqs, max_num_batched_tokens, chunk_prefill=None):
+    def __init__(self, requests, policy, model, max_num_seqs, max_num_batched_tokens, chunk_prefill=None, kv=None):
         self.pending = sorted(requests, key=lambda r: r.arrival)
         self.policy, self.model = policy, model
-        self.scheduler = Scheduler(UnlimitedKV(), EOS, max_num_seqs, max_num_batched_tokens, policy, chunk_prefill)
+        self.scheduler = Scheduler(UnlimitedKV() if kv is None else kv, EOS, max_num_seqs, max_num_batched_tokens, policy, chunk_prefill)
         self.by_seq: dict[int, SimRequest] = {}
         self.next, self.now, self.busy, self.seats, self.wasted = 0, 0.0, 0.0, 0, 0
 
@@ -199,11 +199,12 @@ class _Loop:
 
 
 def simulate(requests: Seq[SimRequest], policy, model, max_num_seqs: int = 256,
-             max_num_batched_tokens: int = NO_LIMIT, chunk_prefill=None) -> SimResult:
+             max_num_batched_tokens: int = NO_LIMIT, chunk_prefill=None, kv=None) -> SimResult:
     """Serves ``requests`` (fresh ones: their state is filled in) with the engine's scheduler running
     ``policy``, on ``model``'s clock.  ``max_num_seqs`` caps the batch unless the policy brings its own;
-    ``chunk_prefill`` is the scheduler's chunking rule (None: every prompt in one step)."""
-    loop = _Loop(requests, policy, model, max_num_seqs, max_num_batched_tokens, chunk_prefill)  # checks the policy
+    ``chunk_prefill`` is the scheduler's chunking rule (None: every prompt in one step); ``kv`` replaces
+    ``UnlimitedKV`` (serving/routing.py's gives prefix-cache hits: ``allocate`` sets ``seq.num_cached_tokens``)."""
+    loop = _Loop(requests, policy, model, max_num_seqs, max_num_batched_tokens, chunk_prefill, kv)  # checks the policy
     check("model", model, plugs.ForwardCostModel)  # the clock is a plug point (Lab 03): say what it lacks
     previous = None
     while True:
