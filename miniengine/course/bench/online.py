@@ -25,21 +25,24 @@ from miniengine.sampling import SamplingParams
 from miniengine.timeline import RequestTimeline
 
 
-def _trace(tok, args):
-    """The requests (prompt ids, output length) and unit-rate Poisson arrival offsets; scaled per rate later."""
+def make_requests(tok, n: int, mean_new_tokens: int = 48, output_sigma: float = 0.5, seed: int = 0):
+    """``n`` requests (prompt ids cut from the validation code, ~32 tokens; an output length) and unit-rate Poisson
+    arrival times: divide them by a rate to get that rate's trace (every rate replays the same requests)."""
     from miniengine.serving.workloads import lognormal_lengths
 
-    rng = np.random.default_rng(args.seed)
-    prompt_lens = np.clip(lognormal_lengths(rng, 32, 0.5, args.requests), 4, 128).astype(int)
-    new_lens = (np.clip(lognormal_lengths(rng, args.mean_new_tokens, args.output_sigma, args.requests), 4, 256)
-                if args.output_sigma > 0 else np.full(args.requests, args.mean_new_tokens)).astype(int)
-    unit_arrivals = np.cumsum(rng.exponential(1.0, args.requests))
-    windows = batch_prompts(tok, args.requests, 128)
+    rng = np.random.default_rng(seed)
+    prompt_lens = np.clip(lognormal_lengths(rng, 32, 0.5, n), 4, 128).astype(int)
+    new_lens = (np.clip(lognormal_lengths(rng, mean_new_tokens, output_sigma, n), 4, 256)
+                if output_sigma > 0 else np.full(n, mean_new_tokens)).astype(int)
+    unit_arrivals = np.cumsum(rng.exponential(1.0, n))
+    windows = batch_prompts(tok, n, 128)
     return [(w[:p], int(n)) for w, p, n in zip(windows, prompt_lens, new_lens)], unit_arrivals
 
 
-async def _client_run(url: str, model: str, requests, arrivals) -> tuple[list[RequestTimeline], list[str], int]:
-    """Send each request at its arrival time and stream it; every chunk's arrival is a token's time."""
+async def stream_trace(url: str, model: str, requests, arrivals) -> tuple[list[RequestTimeline], list[str], int]:
+    """Send each request (prompt ids, max_tokens) at its arrival time (seconds from now) and stream it; every chunk's
+    arrival is a token's time.  Returns the client-side timelines, the texts, and how many streams' chunk count
+    differed from their usage (a server that sends several tokens in one chunk)."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
@@ -70,11 +73,13 @@ async def _client_run(url: str, model: str, requests, arrivals) -> tuple[list[Re
     return [r[0] for r in results], [r[1] for r in results], mismatched
 
 
-def _in_process(model, args, tok, requests, arrivals):
+def replay_in_process(model, tok, requests, arrivals, max_num_seqs: int, kv_cache_tokens: int):
+    """The same requests at the same arrival times, replayed on an engine in this process (greedy, end of text
+    ignored); returns the timelines and the texts."""
     from miniengine.config import EngineConfig
     from miniengine.engine import LLMEngine, TraceRequest, replay
 
-    engine = LLMEngine(EngineConfig(model=model, max_num_seqs=args.max_num_seqs, kv_cache_tokens=args.kv_cache_tokens))
+    engine = LLMEngine(EngineConfig(model=model, max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens))
     warm_up(engine)
     trace = [TraceRequest(float(a), ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
              for (ids, n), a in zip(requests, arrivals)]
@@ -133,18 +138,19 @@ def online(args) -> int:
     torch.set_num_threads(args.threads)  # the server is started with the same environment
     model_dir = resolve_model_dir(args.model)
     tok = load_tokenizer(model_dir)
-    requests, unit = _trace(tok, args)
+    requests, unit = make_requests(tok, args.requests, args.mean_new_tokens, args.output_sigma, args.seed)
     model = load_model(model_dir)
     slo = metrics.SLO(args.slo_ttft, args.slo_tpot)
     rows, same, split = [], True, 0
     with _server(args) as (url, served):
         alone = requests[:args.batch_one]  # one at a time: each arrives after the one before has finished
-        online_1 = [asyncio.run(_client_run(url, served, [r], [0.0]))[0][0] for r in alone]
-        local_1 = [_in_process(model, args, tok, [r], [0.0])[0][0] for r in alone]
+        budgets = (args.max_num_seqs, args.kv_cache_tokens)
+        online_1 = [asyncio.run(stream_trace(url, served, [r], [0.0]))[0][0] for r in alone]
+        local_1 = [replay_in_process(model, tok, [r], [0.0], *budgets)[0][0] for r in alone]
         for rate in args.rates:
             arrivals = unit / rate
-            timelines, texts, mismatched = asyncio.run(_client_run(url, served, requests, arrivals))
-            local, local_texts = _in_process(model, args, tok, requests, arrivals)
+            timelines, texts, mismatched = asyncio.run(stream_trace(url, served, requests, arrivals))
+            local, local_texts = replay_in_process(model, tok, requests, arrivals, *budgets)
             same = same and texts == local_texts
             split += mismatched
             rows.append((rate, metrics.summarize(timelines, slo), metrics.summarize(local, slo)))
@@ -204,7 +210,7 @@ def register(sub) -> None:
     s.add_argument("--url", default=None, help="a running server (default: start `serve` on a free port)")
     s.add_argument("--served-model-name", default="target", help="the model name to send with --url")
     s.add_argument("--model", default="target")
-    s.add_argument("--rates", type=float, nargs="+", default=[16.0, 64.0, 128.0, 256.0], help="arrivals per second")
+    s.add_argument("--rates", type=float, nargs="+", default=[16.0, 64.0, 256.0, 1024.0], help="arrivals per second")
     s.add_argument("--requests", type=int, default=64, help="requests per rate")
     s.add_argument("--batch-one", type=int, default=8, help="requests sent one at a time first, for batch 1's TPOT")
     s.add_argument("--mean-new-tokens", type=int, default=48)
