@@ -90,3 +90,17 @@ def test_a_bad_plug_path_is_named():
         load_object("miniengine.kv:Nope", "--kv")
     with pytest.raises(ValueError, match="--kv: cannot import module 'no_such_module'"):
         load_object("no_such_module:X", "--kv")
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--tensor-parallel-size", "2"], "--tensor-parallel-size must be 1 to serve, got 2"),
+    (["--kv-layout", "bogus"], "kv_layout must be one of ['paged', 'contiguous'], got 'bogus'"),
+    (["--port", "0"], "--port must be in [1, 65535], got 0"),
+    (["--sampler", "miniengine.kv:Nope"], "--sampler: module 'miniengine.kv' has no attribute 'Nope'"),
+])
+def test_bad_flags_exit_2_with_one_line_naming_the_flag(capsys, flags, message):
+    from miniengine.course.cli import main
+
+    assert main(["serve", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

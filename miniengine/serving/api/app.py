@@ -116,6 +116,8 @@ def create_app(llm: LLM, model_name: str = "target", max_pending_requests: int =
             work.result()
         except EngineDeadError as e:
             raise RequestError(str(e), None, 503, "service_unavailable") from None
+        except ValueError as e:  # refused when it reached the engine (checked before, so rare): still a 400
+            raise RequestError(str(e), param_of(str(e), "prompt")) from None
         return {**head, "choices": [c.final() for c in choices], "usage": _usage(usage, choices)}
 
     return app

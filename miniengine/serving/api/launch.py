@@ -74,6 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-graceful-shutdown", type=float, default=10.0,
                    help="seconds to let in-flight requests finish on shutdown before they are aborted")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="LLM's tensor_parallel_size; the server steps one engine, so only 1 is served")
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
@@ -109,6 +111,10 @@ def run(args) -> int:
 
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in [1, 65535], got {args.port}")
+    if args.tensor_parallel_size != 1:
+        raise ValueError(f"--tensor-parallel-size must be 1 to serve, got {args.tensor_parallel_size}: with tensor "
+                         f"parallelism each LLM.generate() call starts and ends its ranks, and the server steps one "
+                         f"engine between requests")
     if args.max_pending_requests < 1:
         raise ValueError(f"--max-pending-requests must be >= 1, got {args.max_pending_requests}")
     llm = LLM(**engine_args(args))
