@@ -104,3 +104,36 @@ def test_bad_flags_exit_2_with_one_line_naming_the_flag(capsys, flags, message):
     assert main(["serve", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_ctrl_c_lets_a_stream_in_flight_finish_then_the_server_exits_cleanly():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from miniengine.serving.api.launch import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "miniengine", "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        body = {"model": "target", "prompt": "import os", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            proc.send_signal(signal.SIGINT)  # as Ctrl-C: stop accepting, let this stream finish
+            events = [line[6:] for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(30) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
