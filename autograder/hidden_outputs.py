@@ -78,6 +78,7 @@ SELECTORS = {
     "first_six": lambda cases: list(cases[:6]),
     "three_per_kind": three_per_kind,
     "first_two": lambda cases: list(cases[:2]),
+    "last_one": lambda cases: list(cases[-1:]),
 }
 
 
@@ -114,9 +115,11 @@ SPECS: dict[tuple[str, str], list[Due]] = {
     # lab04: replay-hidden reports its burst; its Poisson trace of the same cases must agree with it, in the kernel
     ("lab04_continuous_batching", "replay-hidden"): [Due("golden", "two_per_kind", ("token_ids",))],
     ("lab04_continuous_batching", "engine-hidden"): [Due("golden", "all", ("token_ids",))],
-    # lab05: the engine serves three of each kind under pressure; sharing forks the first two n > 1 requests and serves
+    # lab05: the engine serves three of each kind and the last n > 1 request (its prompt ends part-way through a block,
+    # and its completions part at once) under pressure; sharing forks the first two n > 1 requests and serves
     # two of each kind side by side (copy-on-write, block tables and concurrency are checked in the kernel)
-    ("lab05_paged_attention", "engine-hidden"): [Due("golden", "three_per_kind", ("token_ids",))],
+    ("lab05_paged_attention", "engine-hidden"): [Due("golden", "three_per_kind", ("token_ids",)),
+                                                 Due("golden", "last_one", ("completions",), "fork_cases")],
     ("lab05_paged_attention", "sharing-hidden"): [Due("golden", "first_two", ("completions",), "fork_cases"),
                                                   Due("golden", "two_per_kind", ("token_ids",))],
     # lab06: chisquare-hidden needs a hidden prompt only; rollback-hidden's second run must repeat its first (in the

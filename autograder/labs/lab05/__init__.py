@@ -135,12 +135,14 @@ def wrong_key(got, pool, tables, num_keys, block_size, what, hidden=False):
                 f"{j // block_size} is {block}, offset {j} % {block_size} = {offset}), but it holds {holds}")
 
 
-def check_pressure(BlockManager, gather_history, cases, block_size, max_num_seqs, label, report=None):
-    """LLM on your BlockManager and your gather serves the cases in a quarter of the positions they would reserve;
-    something must be preempted. Visible (no report): the golden tokens. Hidden: the tokens go to the report."""
+def check_pressure(BlockManager, gather_history, cases, block_size, max_num_seqs, label, report=None, forks=()):
+    """LLM on your BlockManager and your gather serves the cases, and the n > 1 ``forks`` (their completions share
+    the prompt's blocks, the last one part full), in a quarter of the positions they would reserve; something must
+    be preempted. Visible (no report): the golden tokens. Hidden: the tokens go to the report."""
     own_block_manager(BlockManager)
     checks.require_own(gather_history, "gather_history")
-    need = sum(len(c["prompt_token_ids"]) + c["params"]["max_tokens"] for c in cases)
+    cases = list(cases) + list(forks)
+    need = sum(len(c["prompt_token_ids"]) + c["params"]["max_tokens"] * c["params"].get("n", 1) for c in cases)
     num_blocks = need // 4 // block_size  # a quarter of what the requests would reserve
     label = (f"{label}{len(cases)} {'golden' if report is None else 'hidden'} requests, {num_blocks} blocks of "
              f"{block_size} ({num_blocks * block_size} positions, a quarter of the {need} they would reserve), "

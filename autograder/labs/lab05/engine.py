@@ -82,12 +82,23 @@ def golden_fork_case(golden_path, name):
         return next(c for c in json.load(f)["fork_cases"] if c["name"] == name)
 
 
+def _completions(seq) -> list:
+    """A request's completions in index order (one, unless it asked for n > 1)."""
+    return sorted(seq.completions, key=lambda c: c.child_index)
+
+
 def report_tokens(report, cases, seqs, label):
-    """Each case's tokens go to the grader, which compares them with the reference's outside this kernel; the
-    requests that were preempted and recomputed are named here, to help read a difference it reports."""
+    """Each case's tokens go to the grader, which compares them with the reference's outside this kernel (an n > 1
+    case: every completion's); the requests that were preempted and recomputed are named here, to help read a
+    difference it reports."""
     for case, seq in zip(cases, seqs):
-        tokens = checks.as_tokens(seq.output_token_ids, f"{label}, {case['name']}: token_ids")
-        report.add("golden", case, "token_ids", tokens)
+        if case["params"].get("n", 1) > 1:  # a fork case (a hidden case holds no outputs to tell it by)
+            report.add("golden", case, "completions", [checks.as_tokens(s.output_token_ids, f"{label}, {case['name']}, "
+                                                                        f"completion {s.child_index}")
+                                                       for s in _completions(seq)], section="fork_cases")
+        else:
+            report.add("golden", case, "token_ids", checks.as_tokens(seq.output_token_ids,
+                                                                      f"{label}, {case['name']}: token_ids"))
     preempted = [f"{c['name']} ({s.num_preemptions}x)" for c, s in zip(cases, seqs) if getattr(s, "num_preemptions", 0)]
     print(f"{label}: {len(preempted)} of {len(cases)} requests were preempted and recomputed"
           + (f": {', '.join(preempted)}" if preempted else ""))
@@ -119,9 +130,11 @@ def serve(BlockManager, gather, cases, num_blocks, block_size, max_num_seqs, lab
     checks.observe(f"{label}: the block tables held after every step", True, expect=True)
     if report is None:
         for case, seq in zip(cases, seqs):
-            checks.observe(f"{label}, {case['name']}: tokens", checks.as_tokens(seq.output_token_ids, case["name"]),
-                           expect=case["token_ids"])
-            compare_tokens(seq.output_token_ids, case["token_ids"], f"{label}, {case['name']} ({case['params']})", seq)
+            wants = [c["token_ids"] for c in case["completions"]] if case["params"].get("n", 1) > 1 else [case["token_ids"]]
+            for s, want in zip(_completions(seq), wants, strict=True):
+                name = case["name"] + (f", completion {s.child_index}" if len(wants) > 1 else "")
+                checks.observe(f"{label}, {name}: tokens", checks.as_tokens(s.output_token_ids, name), expect=want)
+                compare_tokens(s.output_token_ids, want, f"{label}, {name} ({case['params']})", s)
     all_free(llm.engine.kv, label)
     checks.observe(f"{label}: every block free at the end", True, expect=True)
     return llm.engine.scheduler, watch, seqs
