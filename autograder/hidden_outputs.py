@@ -120,6 +120,9 @@ SPECS: dict[tuple[str, str], list[Due]] = {
     # two of each kind side by side (copy-on-write, block tables and concurrency are checked in the kernel)
     ("lab05_paged_attention", "engine-hidden"): [Due("golden", "three_per_kind", ("token_ids",)),
                                                  Due("golden", "last_one", ("completions",), "fork_cases")],
+    # lab05's design part runs the student's paged search on lab01_search's hidden prompts (inputs only): its blocks,
+    # passes and log-likelihood are observed and judged by the grader, so it reports no outputs
+    ("lab05_paged_attention", "design-paged-hidden"): [Due("lab01_search", "all", ())],
     ("lab05_paged_attention", "sharing-hidden"): [Due("golden", "first_two", ("completions",), "fork_cases"),
                                                   Due("golden", "two_per_kind", ("token_ids",))],
     # lab06: chisquare-hidden needs a hidden prompt only; rollback-hidden's second run must repeat its first (in the

@@ -53,6 +53,8 @@ PARTS = (
          "the baseline ContinuousBatching is measured against"),
     Part("block_manager", 5, "block manager", ("BlockManager",)),
     Part("gather", 5, "paged gather", ("gather_history",)),
+    Part("paged_search", 5, "completion search on paged memory", ("paged_search",), APART,
+         "a search of its own on a session of the paged pool, no plug point", course=False),
     Part("verifier", 6, "speculative verifier", ("rejection_verify",), APART,
          "exact in distribution, not token for token: Lab 06's engine cell runs it"),
     Part("rollback", 6, "KV rollback (truncate)", ("BlockManager",), APART,

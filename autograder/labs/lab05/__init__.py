@@ -33,13 +33,22 @@ wrong key came from.
 Task 3, your engine (lab05/engine.py; after every step of the engine, exactly the running sequences hold tables,
 each covering its cached positions, and the pool adds up; at the end every block is free again):
   engine-visible/-hidden (check_pressure): LLM on your BlockManager and your gather serves golden requests (visible:
-  two of each sampling kind) in a pool a quarter of the size they would reserve. Visible: each request's tokens must
+  two of each sampling kind, and an n = 4 request whose prompt ends part-way through a block, so that its completions
+  part inside a shared block) in a pool a quarter of the size they would reserve. Visible: each request's tokens must
   be the golden ones; hidden: the grader compares them. Something must have been preempted.
   sharing-visible/-hidden (check_sharing, with the course's gather lent in place of yours): a request with n
   completions shares its prompt's blocks; completion 1 decodes alone first and must get a private copy of the
   shared last block, holding the prompt's K/V, while the parent's blocks keep theirs in every layer; then every
   completion's tokens are compared (hidden: by the grader). And in kv_tokens positions, more requests must run
   together than contiguous reservation ever fits, kv_tokens // min(prompt + max_tokens), token for token.
+
+Task 4, the design part (design-paged-visible/-hidden, lab05/search.py): your paged_search on Lab 01's search prompts
+(visible: data/golden/lab01_search.json; hidden: its hidden twin, inputs only), each on a fresh SearchSession (the
+course's paged pool in float64, blocks of 4). The harness counts the passes (at most the budget), reads the peak
+blocks from the session's own block manager (the mean over the prompts is the target, with the unshared layout's
+value as the baseline), checks that no block is held when the search returns, and scores the completions with the
+float64 model against Lab 01's target (greedy decoding's value as the baseline). The smallest share of the two
+targets is the share of the points.
 """
 from __future__ import annotations
 
@@ -49,15 +58,17 @@ import numpy as np
 import torch
 
 from autograder import notebook_checks as checks  # the cells reach HiddenReport through lab.checks
-from autograder.labs.lab05 import common as lab05_common, engine as lab05_engine, tracker as lab05_tracker
+from autograder.labs.lab05 import (common as lab05_common, engine as lab05_engine, search as lab05_search,
+                                   tracker as lab05_tracker)
 
 # `pristine` reloads this file only: its parts afresh too, each one's dependencies before it.
-for _part in (lab05_common, lab05_tracker, lab05_engine):
+for _part in (lab05_common, lab05_tracker, lab05_engine, lab05_search):
     importlib.reload(_part)
 
 from autograder.labs.lab05.common import ANSWER_KEY, own_block_manager  # noqa: E402
 from autograder.labs.lab05.engine import (check_fork, check_more_than_contiguous, golden_cases, golden_fork_case,  # noqa: E402
                                           report_tokens, serve)
+from autograder.labs.lab05.search import SearchSession, check_paged_search, report_paged_search  # noqa: E402
 from autograder.labs.lab05.tracker import check_random, check_scripts  # noqa: E402
 
 VISIBLE_GOLDEN = checks.VISIBLE_GOLDEN  # data/golden/visible.json: the visible prompts and their golden tokens
