@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 
+import numpy as np
+
 import autograder.notebook_checks as checks
 
 
@@ -102,3 +104,26 @@ def replaying(tracker):
                              f"{'; '.join(h[-8:])}") from None
     finally:
         tracker.depth -= 1
+
+
+# ---------------------------------------------------------------- graded numbers (labs 04, 05)
+
+def _number(ns, name):
+    if name not in ns:
+        raise NameError(f"{name} is not defined: set it in the cell above")
+    x = ns[name]
+    ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+    assert ok and np.isfinite(x), f"{name} should be a number (an int or a float), got {type(x).__name__} {x!r:.40}"
+    return float(x)
+
+
+def check_numbers(ns, tolerances: dict) -> None:
+    """Visible: each answer is a finite number; its value is checked only when graded (when_graded)."""
+    for name, tolerance in tolerances.items():
+        checks.observe(f"{name} (within {tolerance:g})", _number(ns, name), tol=tolerance, when_graded=True)
+
+
+def report_numbers(ns, tolerances: dict) -> None:
+    """Hidden: each answer's value; the grader compares it with the right one, which never enters the notebook."""
+    for name, tolerance in tolerances.items():
+        checks.observe(f"hidden: {name} (within {tolerance:g})", _number(ns, name), tol=tolerance)

@@ -17,6 +17,7 @@ from test_lab01_literals import lab01_calls, lab01_solution
 from test_lab02_literals import lab02_calls, lab02_solution
 from test_lab03_literals import LAB03_ANSWERS, cell_calls, lab03_sources
 from test_lab04_design import cell as lab04_cell
+from test_lab05_design import cell as lab05_cell
 from test_lab06_design import cell as lab06_cell
 
 
@@ -59,6 +60,14 @@ def _lab04() -> dict:
     return {k: ns[k] for k in ("HOL_TTFT_RATIO", "STATIC_ATTAINMENT", "CONTINUOUS_MAX_RATE")}
 
 
+def _lab05() -> dict:
+    ns: dict = {"__name__": "__main__"}
+    exec("from collections import deque", ns)  # the lab's setup cell's
+    for gid in ("BlockManager", "numbers-answers"):
+        exec(lab05_cell(gid), ns)
+    return {k: ns[k] for k in ("FORK_BLOCKS", "SAVED_SHARE")}
+
+
 def _lab06() -> dict:
     ns: dict = {}
     exec(lab06_cell("numbers-answers"), ns)
@@ -69,7 +78,7 @@ def graded_numbers() -> dict[str, float]:
     """{"lab01 tokens_naive": 599500, ...}: every graded number of every lab that has them."""
     found = {}
     for lab, values in (("lab01", _lab01()), ("lab02", _lab02()), ("lab03", _lab03()), ("lab04", _lab04()),
-                         ("lab06", _lab06())):
+                         ("lab05", _lab05()), ("lab06", _lab06())):
         found |= {f"{lab} {name}": v for name, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return found
 

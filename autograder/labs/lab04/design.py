@@ -143,24 +143,5 @@ def check_design_engine(Policy, golden_path, label: str = "", **budgets) -> int:
     return len(cases)
 
 
-# ---------------------------------------------------------------- graded numbers
-
-def _number(ns, name):
-    if name not in ns:
-        raise NameError(f"{name} is not defined: set it in the cell above")
-    x = ns[name]
-    ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
-    assert ok and np.isfinite(x), f"{name} should be a number (an int or a float), got {type(x).__name__} {x!r:.40}"
-    return float(x)
-
-
-def check_numbers(ns, tolerances: dict) -> None:
-    """Visible: each answer is a finite number; its value is checked only when graded (when_graded)."""
-    for name, tolerance in tolerances.items():
-        checks.observe(f"{name} (within {tolerance:g})", _number(ns, name), tol=tolerance, when_graded=True)
-
-
-def report_numbers(ns, tolerances: dict) -> None:
-    """Hidden: each answer's value; the grader compares it with the right one, which never enters the notebook."""
-    for name, tolerance in tolerances.items():
-        checks.observe(f"hidden: {name} (within {tolerance:g})", _number(ns, name), tol=tolerance)
+# graded numbers: autograder/labs/shared.py (check_numbers, report_numbers), re-exported for the cells
+from autograder.labs.shared import check_numbers, report_numbers  # noqa: E402, F401

@@ -49,6 +49,9 @@ blocks from the session's own block manager (the mean over the prompts is the ta
 value as the baseline), checks that no block is held when the search returns, and scores the completions with the
 float64 model against Lab 01's target (greedy decoding's value as the baseline). The smallest share of the two
 targets is the share of the points.
+
+Numbers (numbers, check_numbers): FORK_BLOCKS and SAVED_SHARE, each a number here; their values are compared with the
+right ones by the grader, within the cell's tolerance.
 """
 from __future__ import annotations
 
@@ -69,6 +72,7 @@ from autograder.labs.lab05.common import ANSWER_KEY, own_block_manager  # noqa: 
 from autograder.labs.lab05.engine import (check_fork, check_more_than_contiguous, golden_cases, golden_fork_case,  # noqa: E402
                                           report_tokens, serve)
 from autograder.labs.lab05.search import SearchSession, check_paged_search, report_paged_search  # noqa: E402
+from autograder.labs.shared import check_numbers, report_numbers  # noqa: E402
 from autograder.labs.lab05.tracker import check_random, check_scripts  # noqa: E402
 
 VISIBLE_GOLDEN = checks.VISIBLE_GOLDEN  # data/golden/visible.json: the visible prompts and their golden tokens
