@@ -55,6 +55,11 @@ class EngineConfig:
     # packed two to a byte), or a scheme object with quantize(weight) and dequantize(state) (Lab 07).
     quantization: object = None
     quant_group_size: int = 64
+    # What an OpenAI client's sampling fields need (Lab 10): the row processor for penalties and min_p (a function with
+    # logits_processors.process_row's signature) and the stop strings (an object with find_stop and sendable, as
+    # miniengine/stop_strings.py has); None means the course's.
+    logits_processor: object = None
+    stop_strings: object = None
     # On CUDA, decode steps are captured once per batch-size bucket and replayed as CUDA graphs
     # (engine/cuda_graphs.py); True keeps every step eager (vLLM's name). Without CUDA every step is eager.
     enforce_eager: bool = False
@@ -109,6 +114,10 @@ class EngineConfig:
             check("enable_chunked_prefill", self.enable_chunked_prefill, plugs.ChunkingRule)
         if self.speculative_model is not None and callable(self.speculative_verifier):
             check("speculative_verifier", self.speculative_verifier, plugs.Verifier)
+        if self.logits_processor is not None:
+            check("logits_processor", self.logits_processor, plugs.LogitsProcessor)
+        if self.stop_strings is not None:
+            check("stop_strings", self.stop_strings, plugs.StopStrings)
         if self.kv is not None:
             check("kv", self.kv, plugs.KVLayout)
             if hasattr(self.kv, "can_append") or hasattr(self.kv, "append_slot"):

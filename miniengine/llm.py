@@ -31,7 +31,7 @@ from miniengine.paths import TARGET
 from miniengine.plugs.conformance import check
 from miniengine.sampling import SamplingParams
 from miniengine.spec.decoding import SpeculativeDecoder
-from miniengine.stop_strings import find_stop, sendable, stopped_text
+from miniengine.stop_strings import StopStringRules, stopped_text
 from miniengine.tokenizer import load_tokenizer
 
 
@@ -45,6 +45,8 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args), speculative=SpeculativeDecoder)
         self.model = self.engine.model
         self.tokenizer = load_tokenizer(self.engine.model_dir or TARGET)
+        # find_stop and sendable: the course's (miniengine/stop_strings.py) unless EngineConfig.stop_strings plugs others
+        self.stop_strings = self.engine.config.stop_strings or StopStringRules()
         self._texts: dict = {}
         self._stopped: dict = {}  # seq_id -> the final text of a completion a stop string ended
 
@@ -125,7 +127,7 @@ class LLM:
             if not s.params.stop or s.seq_id in self._stopped:
                 continue
             text = self.tokenizer.decode(s.output_token_ids)
-            match = find_stop(text, s.params.stop)
+            match = self.stop_strings.find_stop(text, s.params.stop)
             if match is None:
                 continue
             self._stopped[s.seq_id] = stopped_text(text, match, s.params.include_stop_str_in_output)
@@ -206,7 +208,7 @@ class LLM:
         sent = ""
         while not seq.is_finished:
             self._step()
-            ready = sendable(self._text(seq), seq.params.stop, seq.is_finished)
+            ready = self.stop_strings.sendable(self._text(seq), seq.params.stop, seq.is_finished)
             if len(ready) > len(sent):
                 yield ready[len(sent):]
                 sent = ready

@@ -64,7 +64,8 @@ class LLMEngine:
                                    config.scheduling_policy,
                                    chunk_prefill=(chunk_to_fit if chunk is True else chunk) if chunk else None,
                                    num_speculative_tokens=config.num_speculative_tokens)
-        self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits)
+        self.runner = ModelRunner(model, self.kv, config.sampler or Sampler(), keep_logits,
+                                  logits_processor=config.logits_processor)
         self.requests: dict = {}  # request_id -> Sequence, for the requests not finished yet
         self.spec = (self._speculative_decoder(config, dtype, speculative) if config.speculative_model is not None
                      else None)

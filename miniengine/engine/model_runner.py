@@ -7,6 +7,7 @@ speculative step feeds after them: ``ScheduledBatch.tokens_to_feed``), asks the 
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from miniengine import plugs
@@ -15,9 +16,10 @@ from miniengine.logits_processors import process_row, top_logprobs
 from miniengine.plugs.conformance import check
 
 
-def processed(batch: ScheduledBatch, rows, logits: torch.Tensor) -> torch.Tensor:
-    """The rows the sampler draws from: penalties and min_p applied (logits_processors) to the rows that ask for
-    them, in float64 from their own sequence's tokens; the logits themselves when no row does."""
+def processed(batch: ScheduledBatch, rows, logits: torch.Tensor, process=process_row) -> torch.Tensor:
+    """The rows the sampler draws from: penalties and min_p applied (``process``, logits_processors.process_row unless
+    a LogitsProcessor is plugged in) to the rows that ask for them, in float64 from their own sequence's tokens; the
+    logits themselves when no row does."""
     asking = [j for j, (_, p) in enumerate(rows) if p.processes_logits]
     if not asking:
         return logits
@@ -25,14 +27,18 @@ def processed(batch: ScheduledBatch, rows, logits: torch.Tensor) -> torch.Tensor
     for j in asking:
         i, params = rows[j]
         seq = batch.seqs[i]
-        row = process_row(out[j].cpu().numpy(), seq.prompt_token_ids, seq.output_token_ids, params)
+        row = process(out[j].cpu().numpy().copy(), list(seq.prompt_token_ids), list(seq.output_token_ids), params)
+        row = np.asarray(row, dtype=np.float64)
+        if row.shape != (out.shape[1],):
+            raise RuntimeError(f"the logits processor returned shape {row.shape} for a row of {out.shape[1]} logits")
         out[j] = torch.from_numpy(row).to(out.device)
     return out
 
 
 class ModelRunner:
-    def __init__(self, model, kv, sampler, keep_logits: bool = False, graphs=None):
+    def __init__(self, model, kv, sampler, keep_logits: bool = False, graphs=None, logits_processor=None):
         self.model, self.kv, self.sampler, self.keep_logits = model, kv, sampler, keep_logits
+        self.logits_processor = process_row if logits_processor is None else logits_processor
         self.graphs = graphs  # cuda_graphs.DecodeGraphs: decode-only steps run padded to a bucket, replayed on CUDA
         self._backend_checked = False  # the KV plug's first backend is held to plugs.AttentionBackend
 
@@ -70,7 +76,7 @@ class ModelRunner:
             logits = logits[torch.tensor([i for i, _ in rows], dtype=torch.long, device=logits.device)]
         # The token a row chooses lands right after the sequence's last fed token.
         positions = [batch.seqs[i].num_cached_tokens + batch.num_new_tokens[i] for i, _ in rows]
-        raw, logits = logits, processed(batch, rows, logits)
+        raw, logits = logits, processed(batch, rows, logits, self.logits_processor)
         tokens = self.sampler(logits, [p for _, p in rows], positions)
         if any(p.logprobs is not None for _, p in rows):  # postprocess hands each row's entry to its sequence
             lp_rows = raw.detach().double().cpu().numpy()

@@ -6,8 +6,8 @@ interface below, stated as the engine calls it (who calls which method, when, an
 is plugged in) and where it is taken.  Where a plug is taken, ``miniengine.plugs.conformance.check`` holds it to its
 Protocol, e.g. ``scheduling_policy: StudentPolicy has no admit(waiting, running, budget) (Lab 04)``.  Strings
 and ``True`` stay shortcuts for the course's own parts (``kv_layout="paged"``, ``quantization="int8"``,
-``speculative_verifier="coupled"``, ``enable_chunked_prefill=True``).  No serving front end (Lab 10) is built
-yet, so none is declared.
+``speculative_verifier="coupled"``, ``enable_chunked_prefill=True``).  Lab 10's two are what the
+server's requests ask for: the logits processor (penalties, min_p) and the stop strings.
 """
 from __future__ import annotations
 
@@ -217,6 +217,24 @@ class AllReduce(Protocol):
     def __call__(self, tensor, comm): ...
 
 
+# ---------------------------------------------------------------- Lab 10: what an OpenAI client sends
+
+@runtime_checkable
+class LogitsProcessor(Protocol):
+    """``process(logits_row, prompt_ids, output_ids, params) -> row``: ModelRunner, once per step for each row whose
+    request asks for penalties or min_p (``params.processes_logits``), on a float64 numpy row; masked tokens -inf."""
+    def __call__(self, logits_row, prompt_ids, output_ids, params): ...
+
+
+@runtime_checkable
+class StopStrings(Protocol):
+    """An object with ``find_stop(text, stops)`` (the earliest-ending match, with ``.stop``, ``.start``, ``.end``, or
+    None), which LLM calls on each completion's text after every step, and ``sendable(text, stops, finished)`` (what
+    a stream may send now), which LLM.stream and the server call: miniengine/stop_strings.py is the course's."""
+    def find_stop(self, text, stops): ...
+    def sendable(self, text, stops, finished): ...
+
+
 # ---------------------------------------------------------------- the table
 
 @dataclasses.dataclass(frozen=True)
@@ -263,4 +281,7 @@ PLUG_POINTS = {p.protocol: p for p in (
     PlugPoint(ShardSplit, (9,), "miniengine.distributed:column_shard", "LLM(tensor_parallel_plan=Plan(...))"),
     PlugPoint(AllReduce, (9,), "miniengine.distributed:ring_all_reduce", "LLM(tensor_parallel_plan=Plan(...))",
               "all_reduce"),
+    PlugPoint(LogitsProcessor, (10,), "miniengine.logits_processors:process_row", "EngineConfig.logits_processor",
+              "process"),
+    PlugPoint(StopStrings, (10,), "miniengine.stop_strings:StopStringRules", "EngineConfig.stop_strings (LLM and the server)"),
 )}

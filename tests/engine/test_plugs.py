@@ -187,6 +187,11 @@ def tensor_parallel(cfg, **fields):
     LLM(tensor_parallel_size=2, tensor_parallel_plan=Plan(**fields))
 
 
+class NoSendable:
+    def find_stop(self, text, stops):
+        return None
+
+
 MESSAGES = {  # protocol: (how it is plugged in, the message)
     plugs.BatchSampler: (lambda cfg: EngineConfig(sampler=3),
                          "sampler: int is not callable as sampler(logits, params, positions) (Lab 01)"),
@@ -240,6 +245,11 @@ MESSAGES = {  # protocol: (how it is plugged in, the message)
     plugs.AllReduce: (lambda cfg: tensor_parallel(cfg, all_reduce=lambda tensor: tensor),
                       "tensor_parallel_plan.all_reduce: <lambda> takes (tensor), but the engine calls "
                       "all_reduce(tensor, comm) (Lab 09)"),
+    plugs.LogitsProcessor: (lambda cfg: EngineConfig(logits_processor=lambda logits_row, params: logits_row),
+                            "logits_processor: <lambda> takes (logits_row, params), but the engine calls "
+                            "process(logits_row, prompt_ids, output_ids, params) (Lab 10)"),
+    plugs.StopStrings: (lambda cfg: EngineConfig(stop_strings=NoSendable()),
+                        "stop_strings: NoSendable has no sendable(text, stops, finished) (Lab 10)"),
 }
 
 

@@ -207,3 +207,26 @@ def test_features_are_refused_with_speculative_decoding_by_name():
     with pytest.raises(ValueError, match="min_p is not supported with speculative decoding"):
         spec.generate("def f():", SamplingParams(min_p=0.1))
     assert spec.generate("def f():", SamplingParams(temperature=0, max_tokens=4, stop=["\n"]))[0].finish_reason
+
+
+def test_a_plugged_logits_processor_and_stop_strings_are_the_ones_used(features, golden):
+    """Lab 10's plug points: EngineConfig.logits_processor and EngineConfig.stop_strings replace the course's."""
+    from miniengine.logits_processors import process_row
+    from miniengine.stop_strings import StopStringRules
+
+    calls = []
+
+    def counting(logits_row, prompt_ids, output_ids, params):
+        calls.append(len(output_ids))
+        return process_row(logits_row, prompt_ids, output_ids, params)
+
+    class NeverStops(StopStringRules):
+        find_stop = staticmethod(lambda text, stops: None)
+
+    case = next(c for c in features["cases"] if c["name"].endswith("-penalties"))
+    mine = LLM(model="data/models/target", logits_processor=counting, stop_strings=NeverStops())
+    assert mine.generate(case["prompt_token_ids"], params_of(case))[0].token_ids == case["token_ids"]
+    assert calls == list(range(len(case["token_ids"])))  # once per token, with the output so far
+    greedy = next(c for c in golden["cases"] if c["params"]["temperature"] == 0)
+    out = mine.generate(greedy["prompt_token_ids"], SamplingParams(**greedy["params"], stop=[greedy["text"][:3]]))
+    assert out[0].text == greedy["text"]  # its find_stop never finds one: the whole completion

@@ -97,8 +97,8 @@ def create_app(llm: LLM, model_name: str = "target", max_pending_requests: int =
                                "service_unavailable")
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        choices = [Choice(llm.tokenizer, i * req.n + c, ids if req.echo else None, params, req.return_tokens_as_token_ids)
-                   for i, ids in enumerate(prompts) for c in range(req.n)]
+        choices = [Choice(llm.tokenizer, i * req.n + c, ids if req.echo else None, params, req.return_tokens_as_token_ids,
+                          llm.stop_strings) for i, ids in enumerate(prompts) for c in range(req.n)]
         usage = {"prompt_tokens": sum(len(ids) for ids in prompts)}
         head = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
         if req.stream:

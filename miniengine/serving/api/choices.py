@@ -11,12 +11,14 @@ each token's text starts in the choice's text).
 from __future__ import annotations
 
 from miniengine.outputs import CompletionOutput
-from miniengine.stop_strings import sendable
+from miniengine.stop_strings import StopStringRules
 
 
 class Choice:
-    def __init__(self, tokenizer, index: int, echo_ids: list[int] | None, params, tokens_as_ids: bool = False):
+    def __init__(self, tokenizer, index: int, echo_ids: list[int] | None, params, tokens_as_ids: bool = False,
+                 stops=StopStringRules()):
         self.tokenizer, self.index, self.params, self.tokens_as_ids = tokenizer, index, params, tokens_as_ids
+        self.stops = stops  # what holds text back: the LLM's stop strings (EngineConfig.stop_strings, a plug point)
         self.prefix = "" if echo_ids is None else tokenizer.decode(echo_ids)  # echo: the prompt comes first
         self.out: CompletionOutput | None = None
         self.sent_text = ""
@@ -48,7 +50,7 @@ class Choice:
         if self.out is None:
             return None
         body = self.out.text
-        ready = self.prefix + sendable(body, self.params.stop, self.finished)
+        ready = self.prefix + self.stops.sendable(body, self.params.stop, self.finished)
         new_text = ready[len(self.sent_text):]
         first_token = self.sent_tokens
         finish = self.out.finish_reason if self.finished and not self.sent_finish else None

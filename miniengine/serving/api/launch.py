@@ -20,7 +20,7 @@ from miniengine.config import EngineConfig
 
 # Fields whose value may be an object: given as "module:attribute" (or a plain value: "int8", "true", a path).
 PLUGS = ("sampler", "kv", "scheduling_policy", "speculative_verifier", "quantization", "enable_chunked_prefill",
-         "speculative_model")
+         "speculative_model", "logits_processor", "stop_strings")
 _HELP = {
     "model": "model directory or shipped model name (default: target)",
     "enable_chunked_prefill": "true, false, or module:function (a chunking rule, Lab 08)",
