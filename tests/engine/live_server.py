@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import httpx
 
 from miniengine.paths import REPO_ROOT
-from miniengine.serving.api.launch import free_port
+from miniengine.serving.api.launch import spawned
 
 
 @contextlib.contextmanager
@@ -24,33 +21,8 @@ def live_server(*flags: str, startup_s: float = 120.0):
     if os.environ.get("MINIENGINE_SERVER_URL"):
         yield os.environ["MINIENGINE_SERVER_URL"].rstrip("/")
         return
-    port = free_port()
-    log = open(os.devnull, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "miniengine", "serve", "--port", str(port), *flags],
-                            cwd=REPO_ROOT, stdout=log, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}: {proc.stderr.read()}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not answer /health within {startup_s} s")
-            time.sleep(0.2)
+    with spawned(*flags, startup_s=startup_s, cwd=REPO_ROOT) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def metric(url: str, name: str) -> float:

@@ -93,30 +93,11 @@ def _server(args):
     if args.url:
         yield args.url.rstrip("/"), args.served_model_name
         return
-    import os
-    import subprocess
-    import sys
+    from miniengine.serving.api.launch import spawned
 
-    import httpx
-
-    from miniengine.serving.api.launch import free_port
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "miniengine", "serve", "--port", str(port), "--model", args.model,
-                             "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-tokens", str(args.kv_cache_tokens)],
-                            stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with status {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
+    with spawned("--model", args.model, "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-tokens",
+                 str(args.kv_cache_tokens), startup_s=120.0, threads=args.threads) as url:
         yield url, args.model
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def _row(label, s) -> str:

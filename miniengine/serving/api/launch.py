@@ -12,9 +12,15 @@ the student's own parts (saved in their checkout, importable from it) can be ser
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 from miniengine.config import EngineConfig
 
@@ -62,6 +68,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def spawned(*flags: str, startup_s: float = 120.0, threads: int | None = None, cwd=None):
+    """``python -m miniengine serve FLAGS`` on a free port of 127.0.0.1, in a process of its own: yields its base URL
+    once ``GET /health`` answers 200, and stops it on leaving (SIGINT, as Ctrl-C: in-flight requests may finish).
+    ``threads``: torch threads in the server (OMP_NUM_THREADS). A server that exits or stays silent raises
+    RuntimeError with its last line on stderr."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    proc = subprocess.Popen([sys.executable, "-m", "miniengine", "serve", "--port", str(port), *flags], cwd=cwd,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            if proc.poll() is not None:
+                said = (proc.stderr.read() or "").strip().splitlines()
+                raise RuntimeError(f"`python -m miniengine serve {' '.join(flags)}` exited with status "
+                                   f"{proc.returncode}: {said[-1] if said else 'nothing on stderr'}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not answer /health within {startup_s:g} s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
