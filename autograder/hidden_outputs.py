@@ -20,14 +20,14 @@ import math
 from pathlib import Path
 
 MIME = "application/vnd.miniengine.hidden-outputs+json"
-FILES = ("golden", "int8", "int4", "gqa2", "gqa2_pooled", "kv_text", "lab01_search")
+FILES = ("golden", "int8", "int4", "gqa2", "gqa2_pooled", "kv_text", "lab01_search", "sampling_features", "lab10_stops")
 HIDDEN_DIR = Path(__file__).resolve().parent / "hidden"
 CASES_ENV = "AUTOGRADER_HIDDEN_CASES"  # the folder of public views inside the sandbox
 
 INPUT_FIELDS = ("name", "prompt", "prompt_token_ids", "params")  # what a case may show a student's code
 TOP_FIELDS = ("about", "model", "eos_token_id", "quantization")  # file-level facts that are inputs too
 SECTIONS = ("cases", "fork_cases")
-OUTPUT_FIELDS = ("token_ids", "tokens_processed", "chosen_logits", "completions")  # what a test may report
+OUTPUT_FIELDS = ("token_ids", "tokens_processed", "chosen_logits", "completions", "text")  # what a test may report
 LOGIT_TOLERANCE = 1e-4
 
 
@@ -140,6 +140,15 @@ SPECS: dict[tuple[str, str], list[Due]] = {
     ("lab08_prefix_caching_and_chunked_prefill", "chunk-hidden"): [Due("golden", "three_per_kind", ("token_ids",))],
     # lab09: the engine on 2 gloo ranks with the student's split and ring all-reduce serves two of each kind
     ("lab09_tensor_parallelism", "engine-hidden"): [Due("golden", "two_per_kind", ("token_ids",))],
+    # lab10: the harness's own client sends every hidden prompt to the served engine (stop strings and penalties
+    # included) and reports each completion's tokens and text; the student's streaming client reassembles two of each
+    # kind, every stop-string case and the penalised ones, and reports what it reassembled
+    ("lab10_capstone", "served-hidden"): [Due("golden", "all", ("token_ids", "text")),
+                                          Due("sampling_features", "all", ("token_ids", "text")),
+                                          Due("lab10_stops", "all", ("token_ids", "text"))],
+    ("lab10_capstone", "stream-hidden"): [Due("golden", "two_per_kind", ("token_ids", "text")),
+                                          Due("sampling_features", "one_per_kind", ("token_ids", "text")),
+                                          Due("lab10_stops", "all", ("token_ids", "text"))],
 }
 
 
@@ -190,6 +199,17 @@ def compare(field: str, got, want) -> str | None:
             if not (math.isfinite(a) and abs(a - b) <= LOGIT_TOLERANCE):
                 return f"step {t}: the chosen token's logit is off by more than {LOGIT_TOLERANCE:g}"
         return None
+    if field == "text":
+        if not isinstance(got, str):
+            return "the reported text is not a string"
+        if got == want:
+            return None
+        c = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        if c == len(want):
+            return f"your text went on past the reference's end, at character {c} ({len(got)} characters)"
+        if c == len(got):
+            return f"your text stopped at character {c}, before the reference's did"
+        return f"first difference at character {c} ({len(got)} characters)"
     if field == "completions":
         if not (isinstance(got, list) and len(got) == len(want)):
             return f"expected {len(want)} completions, got {len(got) if isinstance(got, list) else type(got).__name__}"

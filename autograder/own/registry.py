@@ -67,6 +67,11 @@ PARTS = (
     Part("chunk", 8, "chunking rule", ("chunk",)),
     Part("tp_plan", 9, "tensor-parallel plan", ("column_shard", "row_shard", "ring_all_reduce"), APART,
          "ranks run the course's engine and take no other plug: Lab 09's engine cell runs it"),
+    Part("serve_flags", 10, "serving flags", ("serve_flags",), APART,
+         "glue, not an engine part: Lab 10's tests start `serve` with your flags and your parts"),
+    Part("stream_client", 10, "streaming client", ("stream_completion",), APART, "a client of the server, not a part of it"),
+    Part("serving_config", 10, "serving configuration", ("serving_config",), APART,
+         "priced on the simulator: Lab 10's design part", course=False),
 )
 
 # Visible tests that run the engine for seconds each (measured on a 2-core machine: 2 to 28 s), left to `check`.
@@ -81,7 +86,7 @@ HEAVY = {
 
 # Which layout serves the KV cache: the latest lab at or below N that has one supersedes the earlier ones.
 KV_LABS = (5, 2)
-LAST_LAB = 9
+LAST_LAB = 10
 
 
 def parts_of(lab: int) -> list[Part]:

@@ -71,15 +71,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def spawned(*flags: str, startup_s: float = 120.0, threads: int | None = None, cwd=None):
+def spawned(*flags: str, startup_s: float = 120.0, threads: int | None = None, cwd=None, env: dict | None = None):
     """``python -m miniengine serve FLAGS`` on a free port of 127.0.0.1, in a process of its own: yields its base URL
     once ``GET /health`` answers 200, and stops it on leaving (SIGINT, as Ctrl-C: in-flight requests may finish).
-    ``threads``: torch threads in the server (OMP_NUM_THREADS). A server that exits or stays silent raises
-    RuntimeError with its last line on stderr."""
+    ``threads``: torch threads in the server (OMP_NUM_THREADS); ``env``: more environment variables. A server that
+    exits or stays silent raises RuntimeError with its last line on stderr."""
     import httpx
 
     port = free_port()
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "miniengine", "serve", "--port", str(port), *flags], cwd=cwd,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,48 @@
+"""Lab 10's tests (the capstone: your engine behind the OpenAI-compatible server): what each test cell checks.
+
+Every verdict is reached outside your code: the tests start ``python -m miniengine serve`` in a process of its own (on
+127.0.0.1; in the grading sandbox too, which has a loopback network and nothing else) and talk to it over HTTP.
+Every check observes what it found (checks.observe: the fields the server read, tokens, texts, rates); the grader
+compares that with the answer sheet outside your notebook. Hidden cells hold their cases' inputs only: the tokens and
+texts they report go to the grader, which compares them with the hidden golden files (autograder/hidden_outputs.py).
+
+Task 1, serve_flags (flags-visible/-hidden, lab10/flags.py): each configuration's flags, parsed by the server's own
+  parser, must read back as the configuration, every other field at its default; an unknown field is a ValueError
+  that names it.
+Task 2, stream_completion (stream-visible/-hidden, lab10/serving.py): your client streams each case from the server;
+  its text, token ids and finish reason must be the golden ones and the server's own non-streamed answer (joined
+  chunks equal the non-streamed text), on stop strings (one ending inside a token) and penalties too.
+Task 3, your engine served (served-visible/-hidden, lab10/serving.py): the server started with your flags (and, outside
+  grading, your saved parts of labs 01-09: lab10/served.py) serves every golden case at once to the harness's own
+  client: tokens, text, finish reason and usage.
+Design, serving_config (design-serving-visible/-hidden, lab10/design.py): the harness replays seeded chat traces on
+  the simulator (Llama-3-8B, paper H100) with your configuration at a fixed ladder of rates; the highest rate at which
+  SLO attainment is at least 90% earns full points at TARGET_RATE, none at the default configuration's, partial
+  credit between.
+Numbers (numbers, lab10/design.py): three figures, checked only when graded.
+"""
+from __future__ import annotations
+
+import importlib
+
+from autograder import notebook_checks as checks  # noqa: F401  (the cells reach HiddenReport through lab.checks)
+from autograder.labs.lab10 import common as lab10_common, design as lab10_design, flags as lab10_flags  # noqa: E402
+from autograder.labs.lab10 import serving as lab10_serving  # noqa: E402
+
+# `pristine` reloads this file only: its parts afresh too, each one's dependencies before it.
+for _part in (lab10_common, lab10_flags, lab10_serving, lab10_design):
+    importlib.reload(_part)
+
+from autograder.labs.lab10.design import (RATES, TARGET_RATE, check_design, check_numbers,  # noqa: E402
+                                          report_numbers)
+from autograder.labs.lab10.flags import check_flags  # noqa: E402
+from autograder.labs.lab10.serving import SERVED, check_served, check_stream, report_served, report_stream  # noqa: E402
+
+ANSWER_KEY: dict = {}  # no course function writes flags or reassembles a stream: nothing to forbid
+VISIBLE_GOLDEN = checks.VISIBLE_GOLDEN  # data/golden/visible.json
+GOLDEN_DIR = str(checks.VISIBLE_GOLDEN).rsplit("/", 1)[0]
+VISIBLE_FILES = [f"{GOLDEN_DIR}/visible.json", f"{GOLDEN_DIR}/sampling_features.json", f"{GOLDEN_DIR}/lab10_stops.json"]
+
+__all__ = ["ANSWER_KEY", "VISIBLE_GOLDEN", "VISIBLE_FILES", "RATES", "TARGET_RATE", "SERVED", "check_flags",
+           "check_stream", "report_stream", "check_served", "report_served", "check_design", "check_numbers",
+           "report_numbers"]

@@ -1,0 +1,191 @@
+"""Lab 10, the capstone: the harness's checks (autograder/labs/lab10/), the solution's cells against them, the design
+part's threshold against the instructors' configurations (autograder/qa/design/lab10.py), and planted bugs with the
+message each gets.
+
+The threshold's power (the default configuration in the design slot fails it) and the grading pipeline's verdicts are
+shown by ``autograder verify lab10``; here, what needs no pipeline.  The planted bug the issue names, a stop string cut
+one token late, is a streaming client that rebuilds the text from the token ids (the token that completed the stop
+string goes on past it): it passes every case without a stop string and fails the stop-string cases, in the kernel
+with the character where the texts part, and at the grader (hidden_outputs.compare) without showing the reference.
+"""
+import json
+
+import pytest
+
+from autograder import hidden_outputs
+from autograder.labs.lab10 import common, design
+from autograder.qa.design import lab10 as reference
+from miniengine.paths import REPO_ROOT
+
+LAB10 = REPO_ROOT / "labs" / "lab10_capstone" / "lab10_capstone.ipynb"
+STOPS = REPO_ROOT / "data" / "golden" / "lab10_stops.json"
+
+
+def cell(grade_id: str) -> str:
+    return next("".join(c["source"]) for c in json.loads(LAB10.read_text())["cells"]
+                if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def given(cell_id: str) -> str:
+    return next("".join(c["source"]) for c in json.loads(LAB10.read_text())["cells"] if c.get("id") == cell_id)
+
+
+@pytest.fixture(scope="module")
+def ns():
+    """The setup cell and the solution's answer cells, run as the notebook runs them."""
+    out: dict = {"__name__": "__main__"}
+    exec(given("setup"), out)
+    for gid in ("serve_flags", "stream_completion", "design-serving"):
+        exec(cell(gid), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lab():
+    import importlib
+
+    import autograder.labs
+
+    return importlib.reload(autograder.labs).pristine("lab10")
+
+
+def planted(source: str, ns: dict, name: str):
+    out = dict(ns)
+    exec(source, out)
+    return out[name]
+
+
+# ---------------------------------------------------------------- Task 1: serve_flags
+
+def test_the_solutions_flags_read_back_as_every_config(lab, ns):
+    assert lab.check_flags(ns["serve_flags"], [
+        ("budgets", {"max_num_seqs": 32, "max_num_batched_tokens": 2048}),
+        ("switches", {"enable_prefix_caching": True, "enforce_eager": False}),
+        ("chunked", {"enable_chunked_prefill": True}), ("not chunked", {"enable_chunked_prefill": False}),
+        ("plugs", {"scheduling_policy": "mine.lab04:SLOAwarePolicy", "sampler": None}),
+        ("typo", {"max_num_seq": 8}, None)]) == 6
+
+
+SWITCH = 'flags.append(flag if value else "--no-" + name.replace("_", "-"))'
+
+
+def test_planted_a_switch_given_a_value_fails(lab, ns):
+    """--enable-prefix-caching True: the switch takes no value, and the server would refuse the stray "True"."""
+    source = cell("serve_flags").replace(SWITCH, "flags += [flag, str(value)]")
+    with pytest.raises(AssertionError, match="does not know"):
+        lab.check_flags(planted(source, ns, "serve_flags"), [("planted", {"enable_prefix_caching": True})])
+
+
+def test_planted_underscores_in_a_flag_fail(lab, ns):
+    source = cell("serve_flags").replace('flag = "--" + name.replace("_", "-")', 'flag = "--" + name')
+    with pytest.raises(AssertionError, match="planted"):
+        lab.check_flags(planted(source, ns, "serve_flags"), [("planted", {"max_num_seqs": 8})])
+
+
+def test_an_unknown_field_that_becomes_a_flag_fails(lab, ns):
+    source = cell("serve_flags").replace("if name not in ENGINE_FIELDS:", "if False:")
+    with pytest.raises(AssertionError, match="must raise ValueError naming it"):
+        lab.check_flags(planted(source, ns, "serve_flags"), [("typo", {"max_num_seq": 8}, None)])
+
+
+# ---------------------------------------------------------------- Task 2 and 3: over HTTP
+
+@pytest.fixture(scope="module")
+def url(ns):
+    from autograder.labs.lab10.serving import SERVED
+
+    with common.server(ns["serve_flags"](dict(SERVED)), "the test server") as u:
+        yield u
+
+
+def test_the_stop_cases_end_inside_a_token_and_are_served_as_golden(url):
+    from miniengine.tokenizer import load_tokenizer
+    from miniengine import paths
+
+    tok = load_tokenizer(paths.TARGET)
+    cases = json.loads(STOPS.read_text())["cases"]
+    answers = common.complete_all(url, cases)
+    inside = 0
+    for case, got in zip(cases, answers):
+        assert (got["token_ids"], got["text"], got["finish_reason"]) == (
+            case["token_ids"], case["text"], case["finish_reason"]), case["name"]
+        assert got["usage"]["completion_tokens"] == len(case["token_ids"])
+        inside += tok.decode(case["token_ids"]) != case["text"]
+    assert inside == sum(c["finish_reason"] == "stop" for c in cases) >= 6
+
+
+def test_the_solutions_client_equals_the_servers_plain_answers(ns, url):
+    cases = json.loads(STOPS.read_text())["cases"]
+    for case in cases:
+        got = ns["stream_completion"](url, common.body(case))
+        assert got == {k: case[k] for k in ("text", "token_ids", "finish_reason")}, case["name"]
+
+
+DECODED = '    return {"text": tok.decode(token_ids), "token_ids": token_ids, "finish_reason": finish_reason}'
+
+
+def test_planted_a_stop_string_cut_one_token_late_fails_on_the_stop_cases_only(lab, ns, url):
+    """The client keeps the text of the token that completed the stop string (it decodes the tokens)."""
+    source = cell("stream_completion").replace(
+        '    return {"text": "".join(text), "token_ids": token_ids, "finish_reason": finish_reason}', DECODED)
+    client = planted(source, ns, "stream_completion")
+    plain = [c for c in json.loads((REPO_ROOT / "data" / "golden" / "visible.json").read_text())["cases"][:5]]
+    for case in plain:  # no stop string: the decoded tokens are the text
+        assert client(url, common.body(case))["text"] == case["text"]
+    stop = json.loads(STOPS.read_text())["cases"][0]
+    got = client(url, common.body(stop))["text"]
+    assert got.startswith(stop["text"]) and len(got) > len(stop["text"])
+    # visible: the cell's message names the case and shows the extra text
+    with pytest.raises(AssertionError) as e:
+        lab.check_stream(client, ns["serve_flags"], [str(STOPS)], {"lab10_stops": [stop["name"]]})
+    message = str(e.value)
+    assert stop["name"] in message and "goes on past the expected end" in message
+    print("visible:", message)
+    # hidden: the grader's message names the case and the character, and shows nothing of the reference's text
+    why = hidden_outputs.compare("text", got, stop["text"])
+    assert why == f"your text went on past the reference's end, at character {len(stop['text'])} ({len(got)} characters)"
+    assert stop["text"][-5:] not in why
+    print("hidden:", why)
+
+
+def test_the_served_check_passes_the_solution_on_the_visible_files(lab, ns):
+    assert lab.check_served(ns["serve_flags"], lab.VISIBLE_FILES) == 80
+
+
+# ---------------------------------------------------------------- the design part
+
+def test_the_default_configuration_earns_nothing_and_the_solution_clears_the_target(ns):
+    default, _ = design.max_rate(design.read_config({}), reference.VISIBLE)
+    assert default == design.DEFAULT_RATE == 0.0
+    mine, _ = design.max_rate(design.read_config(ns["serving_config"]()), reference.VISIBLE)
+    assert mine >= design.TARGET_RATE + 20  # measured 140: two ladder steps of margin at least
+
+
+def test_honest_configurations_clear_the_target_on_the_hidden_seeds():
+    for name in ("256 seats, 8,192 tokens", "256 seats, 1,024 tokens, chunked prefill",
+                 "512 seats, 4,096 tokens, chunks of at most 1,024"):
+        rate, _ = design.max_rate(reference.DESIGNS[name], reference.HIDDEN)
+        assert rate >= design.TARGET_RATE + 20, (name, rate)
+
+
+def test_a_configuration_read_strictly():
+    with pytest.raises(AssertionError, match="unknown key"):
+        design.read_config({"max_seqs": 8})
+    with pytest.raises(AssertionError, match="max_num_seqs must be an int"):
+        design.read_config({"max_num_seqs": 8.0})
+    with pytest.raises(AssertionError, match="needs enable_chunked_prefill"):
+        design.read_config({"max_chunk_tokens": 512})
+    with pytest.raises(AssertionError, match="a class written in this notebook"):
+        design.read_config({"scheduling_policy": reference.DESIGNS["256 seats, 8,192 tokens"]})
+
+
+def test_a_prompt_that_never_fits_fails_naming_the_rate():
+    config = design.read_config({"max_num_batched_tokens": 1024})  # no chunking: a 4,096-token prompt never fits
+    with pytest.raises(AssertionError, match="10 requests/s, seed 0"):
+        design.max_rate(config, (0,))
+
+
+def test_the_hidden_specs_name_existing_cases():
+    for cell_id in ("served-hidden", "stream-hidden"):
+        files = {d.file: hidden_outputs.load(d.file) for d in hidden_outputs.spec("lab10_capstone", cell_id)}
+        assert hidden_outputs.expected_keys("lab10_capstone", cell_id, files)
