@@ -1,7 +1,7 @@
 """The labs' graded numbers as their solutions compute them, and where a notebook's text or outputs show one.
 
-Lectures never print a lab's answer (DESIGN.md 6b, rule 7): tests/autograder/test_regress.py executes every lecture
-and looks for these values in what each one printed or wrote.  The values come from the labs' own answer cells, run
+Lectures never print a lab's answer (tests/notebooks/test_lecture_answers.py holds the rule for code):
+tests/autograder/test_regress.py executes every lecture and looks for these values in what each one printed or wrote.  The values come from the labs' own answer cells, run
 here by the same helpers that check those cells against the course's formulas (tests/autograder/test_labNN_literals.py).
 A value of fewer than three significant digits (a best gamma of 3, say) is too common to look for.
 """

@@ -43,9 +43,10 @@ def test_every_notebook_runs(tmp_path):
     assert names == {p.relative_to(REPO).as_posix() for p in lectures}
     for row in rows:  # the executed copies are kept, with outputs
         assert (tmp_path / "build" / "regress" / row["notebook"]).exists()
-    # Lectures never print a lab's answer (DESIGN.md 6b, rule 7): lecture NN shows no graded number of lab NN or of a
-    # later lab, in what it prints or says. The course runs lecture NN, then lab NN, so a lab before it is done when
-    # it is read (lecture 02, on the KV cache, prints the tiny model's KV bytes per token, which lab 01 asked first).
+    # Lectures never print a lab's answer (tests/notebooks/test_lecture_answers.py holds the rule for code): lecture
+    # NN shows no graded number of lab NN or of a later lab, in what it prints or says. The course runs lecture NN,
+    # then lab NN, so a lab before it is done when it is read (lecture 02, on the KV cache, prints the tiny model's KV
+    # bytes per token, which lab 01 asked first).
     numbers, printed = graded_numbers(), {}
     for row in rows:
         lecture = int(row["notebook"].split("/")[-1][:2])
