@@ -130,8 +130,9 @@ class Scheduler:
         budget = Budget(max_seqs=0 if preempted else self.max_num_seqs - len(decodes) - len(going_on),
                         max_tokens=tokens_left if self.chunk_prefill is None else _UNLIMITED,
                         can_allocate=self.kv.can_allocate, now=now)
+        seen = [(s, s.num_cached_tokens, len(s.token_ids)) for s in (*self.waiting, *decodes)]
         admitted = list(self.policy.admit(tuple(self.waiting), tuple(decodes), budget))
-        self._check(admitted, budget)
+        self._check(admitted, budget, seen)
         prefills = []
         seats = sum(self.seats(s) for s in self.running)
         for seq in admitted:  # in order; stop at the first one KV memory (or a seat for each completion) no longer holds
@@ -216,9 +217,16 @@ class Scheduler:
             i += 1
         self.waiting.insert(i, seq)
 
-    def _check(self, admitted, budget: Budget) -> None:
-        """A policy is a plug point: say exactly which rule its answer breaks."""
+    def _check(self, admitted, budget: Budget, seen=()) -> None:
+        """A policy is a plug point: say exactly which rule its answer breaks.  ``seen``: (sequence, cached positions,
+        tokens) of every sequence the policy was shown, before it answered; a policy chooses, it changes no sequence
+        (one that marked a prompt cached would make its prefill free, on the simulator's clock too)."""
         name = type(self.policy).__name__
+        for s, cached, tokens in seen:
+            if s.num_cached_tokens != cached or len(s.token_ids) != tokens:
+                raise RuntimeError(f"{name}.admit changed sequence {s.seq_id} (num_cached_tokens {cached} -> "
+                                   f"{s.num_cached_tokens}, {tokens} -> {len(s.token_ids)} tokens): a policy only "
+                                   f"chooses which sequences join; it must not change them")
         queued = {id(s) for s in self.waiting}
         if any(id(s) not in queued for s in admitted) or len({id(s) for s in admitted}) != len(admitted):
             raise RuntimeError(f"{name}.admit must return distinct sequences taken from `waiting`")

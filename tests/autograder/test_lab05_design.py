@@ -131,3 +131,16 @@ def test_the_solution_finds_lab01s_completions_on_paged_memory(model64):
     naive = [lab01_designs.beam(model64, c["prompt_token_ids"], c["params"]["max_tokens"], c["params"]["budget"],
                                 data["eos_token_id"]) for c in data["cases"]]
     assert paged == naive
+
+
+def test_a_search_cannot_lower_the_peak_the_harness_reads(model64):
+    """The search gets a view of the session that takes no attributes: the counter the harness reads stays its own."""
+    for attack in ("session._peak = 0", "session.peak_blocks = 0"):
+        def steer(session, prompt_ids, max_tokens, budget, eos, attack=attack):
+            cand, _ = session.start(prompt_ids)
+            session.free(cand)
+            exec(attack, {"session": session})
+            return [1]
+
+        with pytest.raises(AttributeError):
+            search.run_paged(steer, model64, [5, 6, 7, 8, 9], 1, 4, 0, "steer")

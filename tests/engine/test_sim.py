@@ -323,3 +323,17 @@ def test_simulate_prints_every_metric_for_every_policy(capsys):
     out = capsys.readouterr().out
     for name in ("batch-1 FCFS", "static B=32", "continuous (256 seats)", "goodput_req_s", "itl_p99 (ms)", "ttft_p90 (ms)"):
         assert name in out
+
+
+def test_a_policy_that_changes_a_sequence_is_refused_by_name():
+    """A policy chooses; marking a prompt cached would make its prefill free on any clock (a steered measurement)."""
+    from miniengine.engine.policy import ContinuousBatching
+
+    class FreePrefill(ContinuousBatching):
+        def admit(self, waiting, running, budget):
+            for s in waiting:
+                s.num_cached_tokens = s.num_tokens - 1
+            return super().admit(waiting, running, budget)
+
+    with pytest.raises(RuntimeError, match=r"FreePrefill.admit changed sequence \d+ \(num_cached_tokens 0 -> \d+"):
+        sim.simulate(sim.chat_workload(4, 1.0), FreePrefill(), H100_8B)

@@ -65,14 +65,19 @@ class SearchSession:
         self._seqs: dict[int, Sequence] = {}
         self._params = SamplingParams(max_tokens=model.config.max_position_embeddings)
         self.block_size, self.vocab_size = block_size, model.config.vocab_size
-        self.peak_blocks = 0
+        self._peak = 0  # private, behind a read-only property: a search cannot lower what the harness reads
+
+    @property
+    def peak_blocks(self) -> int:
+        """The most blocks held at any moment so far (after each operation of the session)."""
+        return self._peak
 
     @property
     def blocks_in_use(self) -> int:
         return self._kv.num_blocks - self._kv.block_manager.num_free_blocks
 
     def _seen(self):
-        self.peak_blocks = max(self.peak_blocks, self.blocks_in_use)
+        self._peak = max(self._peak, self.blocks_in_use)
 
     def _seq(self, cand) -> Sequence:
         if isinstance(cand, bool) or not isinstance(cand, (int, np.integer)) or int(cand) not in self._seqs:
@@ -160,12 +165,32 @@ class SearchSession:
         return sorted(self._seqs)
 
 
+def student_view(session: SearchSession):
+    """What the search is handed: the session's public calls, and nothing that holds state the harness reads.
+
+    An attribute of an object the student holds can be reassigned from an answer cell (``session._peak = 0`` defines
+    a private name of the cell's own, which the answer policy allows), so the harness never reads one: it keeps the
+    session, and the search gets this view, whose instances take no attributes at all (``__slots__ = ()``)."""
+
+    class SearchSessionView:
+        __slots__ = ()
+        start, fork, copy = staticmethod(session.start), staticmethod(session.fork), staticmethod(session.copy)
+        extend, free, tokens = staticmethod(session.extend), staticmethod(session.free), staticmethod(session.tokens)
+        block_size, vocab_size = session.block_size, session.vocab_size
+        blocks_in_use = property(lambda self: session.blocks_in_use)
+        peak_blocks = property(lambda self: session.peak_blocks)
+        live = property(lambda self: session.live)
+
+    return SearchSessionView()
+
+
 def run_paged(paged_search, model, prompt, max_tokens, budget, eos, what):
-    """(tokens, passes, peak blocks, blocks left held): one prompt's search on a fresh session."""
+    """(tokens, passes, peak blocks, blocks left held): one prompt's search on a fresh session, read from the session
+    the harness keeps (the search gets a view of it)."""
     session = SearchSession(model)
     try:
         with _SessionMeter(budget) as meter:
-            out = paged_search(session, list(prompt), max_tokens, budget, eos)
+            out = paged_search(student_view(session), list(prompt), max_tokens, budget, eos)
     except (lab01.PassRefused, SearchError) as e:
         raise AssertionError(f"{what}: {e}") from None
     tokens = lab01.as_completion(out, max_tokens, eos, model.config.vocab_size, what, list(prompt))
