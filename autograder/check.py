@@ -72,8 +72,12 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
           flush=True)
     start = time.monotonic()
     executor = GuardedExecute(timeout=timeout, kernel_name="python3", extra_arguments=kernel_arguments())
-    # The kernel inherits the environment when it starts; patch.dict puts back whatever was there before.
-    with mock.patch.dict(os.environ, GRADING_ENVIRONMENT):
+    # The kernel inherits the environment when it starts; patch.dict puts back whatever was there before. Lab 10
+    # serves the saved parts handed in with it: here, the mine/ that you would hand in.
+    from autograder.own.registry import mine_dir
+
+    mine = {"MINIENGINE_MINE": str(mine_dir())} if mine_dir().is_dir() else {}
+    with mock.patch.dict(os.environ, {**GRADING_ENVIRONMENT, **mine}):
         ran, _ = executor.preprocess(copy.deepcopy(nb), {"metadata": {"path": str(notebook.parent.resolve())}})
     seconds = time.monotonic() - start
 

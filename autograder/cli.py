@@ -53,7 +53,8 @@ def cmd_grade(args) -> int:
 
     graded = autograde.grade(Path(args.path), lab=args.lab, workers=args.workers, timeout=args.timeout,
                            memory_gb=args.memory_gb, time_limit=args.notebook_timeout, student=args.student,
-                           keep=args.keep, sandbox=not args.unsafe_no_sandbox, as_submitted=args.as_submitted)
+                           keep=args.keep, sandbox=not args.unsafe_no_sandbox, as_submitted=args.as_submitted,
+                           mine=Path(args.mine) if args.mine else None)
     labs = sorted({r.lab for r in graded})
     out = Path(args.out) if args.out else course_paths.COURSE / "grades" / (labs[0] if len(labs) == 1 else "all")
     csv_path, json_path, kept = results.write_reports(graded, out)
@@ -151,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("path", metavar="PATH")
     g.add_argument("--lab", help="the lab all submissions belong to (default: from file names)")
     g.add_argument("--student", help="the student's id, when PATH is one notebook (default: from its name)")
+    g.add_argument("--mine", metavar="DIR",
+                   help="the student's saved parts (their mine/ folder), when PATH is one notebook: lab 10 serves "
+                        "them (default: a mine/ beside the notebook; in a folder or zip, each student's mine/ is "
+                        "found beside or above their notebook)")
     g.add_argument("--workers", type=_positive(int), default=1, help="notebooks graded at once (default 1)")
     g.add_argument("--timeout", type=_positive(int), default=60, help="seconds per cell (default 60)")
     g.add_argument("--notebook-timeout", type=_positive(int), default=None,

@@ -34,7 +34,7 @@ from autograder.notebooks import assembly
 from autograder.notebooks.nbgrader_config import COURSE_ID
 from autograder.results import CORRUPT, ERROR, MISSING, TIMED_OUT, StudentResult
 from autograder.sandbox import cgroups, isolation
-from autograder.sandbox.processes import kill_tree
+from autograder.sandbox.processes import kill_tree, last_words
 
 DEFAULT_TIMEOUT = 60     # seconds per cell
 DEFAULT_MEMORY_GB = 6.0  # address space per kernel; torch alone reserves a few GB of it
@@ -64,7 +64,9 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
     lab = info.lab.name
     shown = str(sub.path)
     root = run_dir / f"{sub.student}__{lab}"
-    kept = isolation.KernelBox(mode, root, memory_gb, time_limit, inputs, [t.grade_id for t in info.tests if t.hidden])
+    mine, mine_notes = submissions.handed_in_mine(sub, root / "mine")  # lab 10 serves them: a copy, read-only
+    kept = isolation.KernelBox(mode, root, memory_gb, time_limit, inputs, [t.grade_id for t in info.tests if t.hidden],
+                               mine)
 
     refusals: list[str] = []
 
@@ -92,6 +94,8 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
     with kept as box:  # on leaving: whatever of the sandbox still runs is killed, its cgroup removed
         if box is not None:
             cmd += ["--sandbox", json.dumps(dataclasses.asdict(box))]
+        elif mine is not None:
+            cmd += ["--mine", str(mine)]
         proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:
@@ -99,7 +103,7 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
             capped = False
         except subprocess.TimeoutExpired:
             kill_tree(proc)
-            out, err = _last_words(proc)
+            out, err = last_words(proc)
             capped = True
 
     log = (root / "worker.log").read_text() if (root / "worker.log").exists() else ""
@@ -134,7 +138,7 @@ def grade_one(sub: submissions.Submission, info: LabInfo, run_dir: Path, timeout
             rows = (info.sheet or {}).get(t.grade_id) or None  # a cell that observes nothing: see verify
             r = verdicts.judge(r, cell, rows)
             tests.append(dataclasses.replace(r, message=redact(r.message, info.secrets)))
-    notes = (assembled.notes() + notes_from_submission(submitted_nb, info) + notes_from_log(log)
+    notes = (assembled.notes() + mine_notes + notes_from_submission(submitted_nb, info) + notes_from_log(log)
              + notes_from_outputs(nb, {t.grade_id for t in info.tests}, timeout))
     notes = [redact(n, info.secrets) for n in notes]
     if kept.out_of_memory:
@@ -175,24 +179,13 @@ def answer_sheets(infos: dict[str, LabInfo], run_dir: Path, timeout: int, memory
 
 
 def _is_source(sub: submissions.Submission, made: dict) -> bool:
-    return sub.lab.name in made and Path(sub.path).read_bytes() == sub.lab.source.read_bytes()
+    """The lab's source notebook, handed in with no saved parts: the grading that made the sheet is its grading."""
+    return sub.lab.name in made and sub.mine is None and Path(sub.path).read_bytes() == sub.lab.source.read_bytes()
 
 
 def _reuse(sub: submissions.Submission, made: tuple[StudentResult, Path]) -> tuple[StudentResult, Path]:
     """The grading that made the sheet, as this submission's (the same notebook: grading it again would repeat it)."""
     return dataclasses.replace(made[0], student=sub.student, submission=str(sub.path)), made[1]
-
-
-def _last_words(proc: subprocess.Popen, seconds: int = 30) -> tuple[str, str]:
-    """What a killed worker wrote. A process it left (one that escaped kill_tree) could hold its pipes open for
-    ever: after ``seconds`` the pipes are closed unread, and KernelBox kills whatever is left of the sandbox."""
-    try:
-        return proc.communicate(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        for pipe in (proc.stdout, proc.stderr):
-            pipe.close()
-        proc.wait()
-        return "", ""
 
 
 def merge(result: StudentResult, root: Path) -> None:
@@ -240,11 +233,13 @@ UNSAFE_WARNING = ("WARNING: grading without a sandbox (--unsafe-no-sandbox): eve
 def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT_TIMEOUT,
           memory_gb: float = DEFAULT_MEMORY_GB, time_limit: int | None = None, student: str | None = None,
           merge_into_course: bool = True, keep: bool = False, sandbox: bool = True, echo=print,
-          only_tests: dict[str, set[str]] | None = None, as_submitted: bool = False) -> list[StudentResult]:
+          only_tests: dict[str, set[str]] | None = None, as_submitted: bool = False,
+          mine: Path | None = None) -> list[StudentResult]:
     """Grade PATH (a notebook, a folder or a zip); returns one StudentResult per submission.
 
     ``sandbox=False`` (the CLI's --unsafe-no-sandbox) runs kernels unsandboxed, with one warning; without it,
-    grading refuses to start where no sandbox can be made.  ``only_tests`` (verify's baseline) maps a student id to
+    grading refuses to start where no sandbox can be made.  ``mine``: the saved parts handed in with one notebook
+    (submissions.py; lab 10 serves them).  ``only_tests`` (verify's baseline) maps a student id to
     the test cells its graded notebook keeps; the others are left out, and report as missing.
     """
     environment.prepare(workers)
@@ -267,7 +262,7 @@ def grade(path, lab: str | None = None, workers: int = 1, timeout: int = DEFAULT
     run_dir = course_paths.COURSE / "tmp" / f"grade-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_dir.mkdir(parents=True)
     try:
-        subs = submissions.collect(Path(path), chosen, run_dir, student=student)
+        subs = submissions.collect(Path(path), chosen, run_dir, student=student, mine=mine)
         infos, hidden = {}, load_hidden()
         for sub in subs:
             if sub.lab.name not in infos:

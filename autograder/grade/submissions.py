@@ -5,11 +5,19 @@ the right thing:
     alice/lab01_naive_decode.ipynb                      -> alice (a folder per student)
     submitted/alice/lab01_naive_decode/lab01_...ipynb   -> alice (nbgrader's own layout)
     alice_lab01_naive_decode.ipynb, alice.ipynb         -> alice (loose files, lab name stripped)
+
+Lab 10 serves the student's saved parts of labs 01-09 (autograder/own/), handed in as a folder ``mine/`` with the
+notebook: beside it, or in a folder above it within the student's own (``alice/mine/``,
+``submitted/alice/lab10_capstone/mine/``, a zip's top level when it holds one notebook); for a lone notebook, beside
+it or where ``grade --mine`` says. ``snapshot_mine`` copies what the grader uses of it (``labNN.py``, regular files)
+to a folder the sandbox mounts read-only.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -18,6 +26,10 @@ from autograder import course_paths
 
 SKIP_PARTS = {".ipynb_checkpoints", "__MACOSX", "__pycache__"}
 CONTAINER_NAMES = {"submitted", "submissions", "student", "students", "autograded"}
+MINE = "mine"  # the folder of a student's saved parts
+MINE_LABS = ("lab10",)  # the labs whose tests serve them (lab 10's Task 3); every other lab grades the course's parts
+MINE_FILE = re.compile(r"lab\d\d\.py")  # what of it the grader uses: the saved modules, nothing else
+MINE_FILE_BYTES = 1 << 20  # a saved module is a few kilobytes; past this one is left out, with a note
 
 
 @dataclasses.dataclass
@@ -25,6 +37,7 @@ class Submission:
     student: str
     lab: course_paths.Lab
     path: Path  # the notebook file as given (or as extracted from the zip)
+    mine: Path | None = None  # the mine/ handed in with it (the student's saved parts), if any
 
 
 def safe_id(text: str) -> str:
@@ -75,23 +88,44 @@ def _student_for_file(path: Path, lab: course_paths.Lab) -> str:
     return "student"
 
 
+def _mine_for(nb: Path, root: Path | None, whole_root: bool) -> Path | None:
+    """The mine/ folder beside ``nb`` or above it, below ``root`` (at ``root`` too when ``whole_root``: the folder
+    holds one notebook); beside it alone when there is no root (a lone notebook). A link is never followed."""
+    for folder in [nb.parent, *nb.parent.parents]:
+        if root is not None and folder == root and not whole_root:
+            break
+        found = folder / MINE
+        if found.is_dir() and not found.is_symlink():
+            return found
+        if root is None or folder == root:
+            break
+    return None
+
+
 def collect(path: Path, lab: course_paths.Lab | None = None, workdir: Path | None = None,
-            student: str | None = None) -> list[Submission]:
+            student: str | None = None, mine: Path | None = None) -> list[Submission]:
     """Every submission under ``path``; a zip is extracted into ``workdir`` first.
 
-    ``student`` names the student of a single notebook (ignored for folders and zips).
+    ``student`` names the student of a single notebook (ignored for folders and zips); ``mine`` the folder of its
+    saved parts (else mine/ beside it).
     """
     path = Path(path)
     labs = course_paths.all_labs()
     if not path.exists():
         raise course_paths.LabError(f"{path}: no such file or folder (expected a notebook, a folder of notebooks or a zip)")
+    if mine is not None and not (path.is_file() and path.suffix == ".ipynb"):
+        raise course_paths.LabError(f"--mine names one student's saved parts: give a single notebook with it, not "
+                                    f"{path} (in a folder or a zip, each student's mine/ goes beside their notebook)")
+    if mine is not None and not Path(mine).is_dir():
+        raise course_paths.LabError(f"--mine {mine}: no such folder (expected a student's mine/, holding lab01.py ...)")
     if path.is_file() and path.suffix.lower() == ".zip":
         target = Path(tempfile.mkdtemp(prefix="submissions-", dir=workdir))
         extract_zip(path, target)
         root = target
     elif path.is_file() and path.suffix == ".ipynb":
         lab_ = _which_lab(Path(path.name), lab, labs)
-        return [Submission(safe_id(student) if student else _student_for_file(path, lab_), lab_, path)]
+        return [Submission(safe_id(student) if student else _student_for_file(path, lab_), lab_, path,
+                           Path(mine) if mine is not None else _mine_for(path, None, False))]
     elif path.is_dir():
         root = path
     else:
@@ -111,8 +145,30 @@ def collect(path: Path, lab: course_paths.Lab | None = None, workdir: Path | Non
             n += 1
             key = (f"{sid}-{n}", lab_.name)
         taken[key] = nb
-        subs.append(Submission(key[0], lab_, nb))
+        subs.append(Submission(key[0], lab_, nb, _mine_for(nb, root, len(found) == 1)))
     return subs
+
+
+def snapshot_mine(mine: Path | None, dest: Path) -> tuple[Path | None, list[str]]:
+    """Copy the saved modules of ``mine`` (regular files named labNN.py, each at most MINE_FILE_BYTES) into ``dest``,
+    readable by a sandbox's uid; returns (``dest``, a note for each file left out), or (None, []) for no ``mine``.
+    Nothing else of it reaches the sandbox."""
+    if mine is None:
+        return None, []
+    dest.mkdir(parents=True)
+    os.chmod(dest, 0o755)
+    notes = []
+    for entry in sorted(mine.iterdir(), key=lambda p: p.name):
+        if not MINE_FILE.fullmatch(entry.name):
+            continue  # status files, caches, anything else: the grader reads none of them
+        if entry.is_symlink() or not entry.is_file():
+            notes.append(f"mine/{entry.name} is not a plain file (a link?): left out, so its parts are the course's")
+        elif entry.stat().st_size > MINE_FILE_BYTES:
+            notes.append(f"mine/{entry.name} is over {MINE_FILE_BYTES >> 20} MB: left out, so its parts are the course's")
+        else:
+            shutil.copyfile(entry, dest / entry.name, follow_symlinks=False)
+            os.chmod(dest / entry.name, 0o644)
+    return dest, notes
 
 
 def extract_zip(path: Path, target: Path) -> None:
@@ -126,3 +182,16 @@ def extract_zip(path: Path, target: Path) -> None:
                 zf.extract(member, target)
     except zipfile.BadZipFile as e:
         raise course_paths.LabError(f"{path}: not a readable zip file ({e})") from None
+
+
+def handed_in_mine(sub: Submission, dest: Path) -> tuple[Path | None, list[str]]:
+    """For a lab that serves the saved parts (MINE_LABS): the copy of the submission's mine/ (snapshot_mine) and the
+    notes its grade report carries; (None, []) for any other lab."""
+    if sub.lab.name.split("_", 1)[0] not in MINE_LABS:
+        return None, []
+    if sub.mine is None:
+        return None, ["no mine/ was handed in with this notebook: Task 3 served the course's parts of labs 01-09"]
+    copy, notes = snapshot_mine(sub.mine, dest)
+    modules = ", ".join(p.name for p in sorted(copy.iterdir())) or "no saved module (labNN.py)"
+    return copy, notes + [f"mine/ handed in ({modules}): Task 3 served every part of labs 01-09 they define that plugs "
+                          f"into the engine, as handed in, and the course's for the rest"]

@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, required=True, help="seconds per cell")
     p.add_argument("--memory-gb", type=float, default=0, help="address-space limit of the kernel (0: none)")
     p.add_argument("--sandbox", help="autograder.sandbox.bubblewrap.Sandbox as JSON: start the kernel inside it")
+    p.add_argument("--mine", help="unsandboxed: the copy of the mine/ handed in, for the kernel's $MINIENGINE_MINE")
     args = p.parse_args(argv)
 
     from autograder import environment
@@ -34,6 +35,11 @@ def main(argv=None) -> int:
     from autograder.notebooks.nbgrader_config import nbgrader_api
 
     environment.prepare()
+    # The kernel inherits this environment (a sandbox sets its own): the submission's mine/ or none, never the
+    # instructor's.
+    os.environ.pop("MINIENGINE_MINE", None)
+    if args.mine and not args.sandbox:
+        os.environ["MINIENGINE_MINE"] = args.mine
     if args.memory_gb:
         os.environ[MEMORY_ENV] = str(args.memory_gb)  # read by autograder.kernel_limits inside the kernel
     manager = None

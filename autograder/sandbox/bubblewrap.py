@@ -13,7 +13,8 @@ outside; it starts the kernel through ``python -m autograder.sandbox.bubblewrap`
      * as a normal user (``USERNS``): bwrap makes an unprivileged user namespace, as Flatpak does,
        and the kernel runs as the instructor's own uid mapped into it, with no capabilities;
      either way with its own PID, network (loopback only), IPC, UTS and cgroup namespaces; a
-     read-only view of /usr, /etc, the interpreter, the venv, the engine and the visible data;
+     read-only view of /usr, /etc, the interpreter, the venv, the engine, the visible data and, for lab 10,
+     the student's saved parts handed in (``mine/``, at MINE);
      one size-capped tmpfs for /tmp, HOME and the working folder; and the runtime folder.
      labs/, course/, the instructors' packages of autograder/ (hidden data, design references, grading
      code), other submissions and the gradebook are not there.
@@ -25,7 +26,6 @@ from inside, because no process outside the namespace is visible.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parents[2]
 # One tmpfs holds everything the kernel may write besides the runtime folder, so that one size caps it all.
 SCRATCH = "/tmp"
 HOME, WORK = f"{SCRATCH}/home", f"{SCRATCH}/work"
+MINE = f"{SCRATCH}/mine"  # the student's saved parts, when handed in: $MINIENGINE_MINE inside (lab 10 serves them)
 ROOT, USERNS = "bubblewrap-root", "bubblewrap-userns"  # the two modes, as grades.json records them
-UID_BASE, UID_COUNT = 61000, 4000  # one uid per kernel at a time, machine-wide: RLIMIT_NPROC counts per uid
 ENGINE_PARTS = ("miniengine", "autograder", "data")  # what the kernel may import or read from the repository
 
 
@@ -61,6 +61,7 @@ class Sandbox:
     max_processes: int = 256  # threads count too: torch, ZeroMQ and IPython start a few dozen
     max_file_mb: int = 256
     disk_mb: int = 1024  # the scratch tmpfs: /tmp, HOME and the working folder together
+    mine: str = ""  # the grader's copy of the mine/ handed in (submissions.snapshot_mine), mounted read-only at MINE
 
     def prepare(self) -> None:
         """Make the runtime folder, owned by the student's uid where the worker runs as root."""
@@ -96,34 +97,6 @@ class Sandbox:
         """The command that runs ``argv`` inside this sandbox."""
         return [sys.executable, "-m", "autograder.sandbox.bubblewrap", json.dumps(dataclasses.asdict(self)), str(os.getpid()),
                 "--", *argv]
-
-
-@contextlib.contextmanager
-def claimed_uid():
-    """A sandbox uid that no other kernel on this machine has now, held until the block ends.
-
-    Two grading runs at once (two instructors, or two test workers) must not share a uid: a uid's processes
-    share one RLIMIT_NPROC, and after a student's grading the worker kills whatever still runs as that uid.
-    A lock file per uid decides; the lock goes away with the process that holds it, even a killed one.
-    """
-    import fcntl
-    import tempfile
-
-    folder = Path(tempfile.gettempdir()) / "autograder-uids"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    for uid in range(UID_BASE, UID_BASE + UID_COUNT):
-        fd = os.open(folder / f"{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        try:
-            yield uid
-        finally:
-            os.close(fd)  # releases the lock
-        return
-    raise RuntimeError(f"all {UID_COUNT} sandbox uids from {UID_BASE} are in use")
 
 
 # ------------------------------------------------------------------ inside the launcher
@@ -168,6 +141,8 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
         args += ["--perms", "0755", "--dir", parent]
     for path in read_only:
         args += ["--ro-bind", path, path]
+    if sandbox.mine:
+        args += ["--ro-bind", sandbox.mine, MINE]
     # Inside the engine's folder the kernel sees what a student's edition holds: none of the instructors' packages
     # (no hidden data, no design part's reference in autograder/qa/design/, an answer key for the labs' design tasks,
     # no grading code), and no other kernel's state from the venv's home.
@@ -188,6 +163,7 @@ def bwrap_arguments(sandbox: Sandbox, argv: list[str]) -> list[str]:
         "PYDEVD_DISABLE_FILE_VALIDATION": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
         "AUTOGRADER_HIDDEN_CASES": sandbox.cases,
+        **({"MINIENGINE_MINE": MINE} if sandbox.mine else {}),
     }
     if sandbox.memory_gb:  # read by autograder.kernel_limits in the kernel; none where a cgroup caps memory
         env["AUTOGRADER_KERNEL_MEMORY_GB"] = str(sandbox.memory_gb)

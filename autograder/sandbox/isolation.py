@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autograder.sandbox import bubblewrap, cgroups
+from autograder.sandbox import bubblewrap, cgroups, uids
 from autograder.sandbox.bubblewrap import ROOT, USERNS, Sandbox
 from autograder.sandbox.processes import leftover_in_namespace, leftover_processes
 
@@ -46,7 +46,7 @@ def choose() -> str:
         raise Unavailable(f"bwrap is not installed: {INSTALL}")
     mode = ROOT if os.geteuid() == 0 else USERNS
     try:
-        with (bubblewrap.claimed_uid() if mode == ROOT else contextlib.nullcontext()) as uid:
+        with (uids.claimed_uid() if mode == ROOT else contextlib.nullcontext()) as uid:
             probe = Sandbox(runtime="", cases="", uid=uid)
             done = subprocess.run(probe.wrap(["/bin/true"]), capture_output=True, text=True, timeout=30)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
@@ -73,8 +73,8 @@ class KernelBox:
     ``memory_cap`` (what grades.json records) and ``out_of_memory`` (cgroups.ran_out: the cap was reached)."""
 
     def __init__(self, mode: str, root: Path, memory_gb: float, time_limit: int, inputs: Path | None,
-                 hidden_cells: list[str]):
-        self.mode, self.root, self.memory_gb = mode, Path(root), memory_gb
+                 hidden_cells: list[str], mine: Path | None = None):
+        self.mode, self.root, self.memory_gb, self.mine = mode, Path(root), memory_gb, mine
         self.time_limit, self.inputs, self.hidden_cells = time_limit, inputs, hidden_cells
         self.stray, self.out_of_memory = 0, ""
         self.memory_cap = memory_cap_name(None, memory_gb)
@@ -85,7 +85,7 @@ class KernelBox:
             return None
         self._started = time.time()
         if self.mode == ROOT:
-            self._claim = bubblewrap.claimed_uid()
+            self._claim = uids.claimed_uid()
             self._uid = self._claim.__enter__()
         found = cgroups.find() if self.memory_gb else None
         if found:
@@ -99,7 +99,8 @@ class KernelBox:
         return Sandbox(runtime=self._runtime, cases=str(self.root / "sandbox" / "hidden-inputs"), uid=self._uid,
                        status=str(self.root / "sandbox" / "bwrap-status.json"),
                        cgroup=str(self._cgroup or ""), memory_gb=0 if self._cgroup else self.memory_gb,
-                       cpu_seconds=self.time_limit, inputs=str(self.inputs or ""), hidden_cells=self.hidden_cells)
+                       cpu_seconds=self.time_limit, inputs=str(self.inputs or ""), hidden_cells=self.hidden_cells,
+                       mine=str(self.mine or ""))
 
     def __exit__(self, *exc) -> bool:
         if self.mode == NONE:

@@ -74,3 +74,15 @@ def leftover_in_namespace(status_file, since: float) -> int:
         pass
     psutil.wait_procs([init, *inside], timeout=10)
     return len(inside)
+
+
+def last_words(proc: subprocess.Popen, seconds: int = 30) -> tuple[str, str]:
+    """What a killed worker wrote. A process it left (one that escaped kill_tree) could hold its pipes open for
+    ever: after ``seconds`` the pipes are closed unread, and KernelBox kills whatever is left of the sandbox."""
+    try:
+        return proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
+        proc.wait()
+        return "", ""

@@ -104,6 +104,83 @@ def test_empty_folder(tmp_path):
         submissions.collect(tmp_path)
 
 
+# ---------------------------------------------------------------- the saved parts handed in (mine/, lab 10)
+
+def _mine(folder, *names):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_text("def sample(logits, params, position):\n    return 0\n")
+    return folder
+
+
+def test_a_students_mine_is_found_beside_or_above_the_notebook_within_their_folder(tmp_path):
+    _nb(tmp_path / "alice" / f"{LAB}.ipynb")
+    _mine(tmp_path / "alice" / "mine", "lab01.py")                               # beside it
+    _nb(tmp_path / "submitted" / "bob" / LAB / f"{LAB}.ipynb")
+    _mine(tmp_path / "submitted" / "bob" / "mine", "lab01.py")                   # above it, in bob's folder
+    _nb(tmp_path / "carol" / f"{LAB}.ipynb")                                     # none handed in
+    _mine(tmp_path / "mine", "lab01.py")  # beside nobody's notebook, in a folder of many: nobody's
+    found = {s.student: s.mine for s in submissions.collect(tmp_path)}
+    assert found == {"alice": tmp_path / "alice" / "mine", "bob": tmp_path / "submitted" / "bob" / "mine",
+                     "carol": None}
+
+
+def test_a_zip_of_one_students_checkout_hands_in_its_top_level_mine(tmp_path):
+    archive = tmp_path / "alice.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr(f"labs/{LAB}/{LAB}.ipynb", nbformat.writes(new_notebook(cells=[new_code_cell("x = 1")])))
+        zf.writestr("mine/lab01.py", "def sample(logits, params, position):\n    return 0\n")
+    (tmp_path / "work").mkdir()
+    [sub] = submissions.collect(archive, workdir=tmp_path / "work")
+    assert sub.mine is not None and (sub.mine / "lab01.py").is_file() and sub.mine.is_relative_to(tmp_path / "work")
+
+
+def test_a_lone_notebooks_mine_is_beside_it_or_named(tmp_path):
+    one = _nb(tmp_path / "erin" / f"{LAB}.ipynb")
+    assert submissions.collect(one)[0].mine is None
+    elsewhere = _mine(tmp_path / "erins-parts", "lab01.py")
+    assert submissions.collect(one, mine=elsewhere)[0].mine == elsewhere
+    _mine(tmp_path / "erin" / "mine", "lab01.py")
+    assert submissions.collect(one)[0].mine == tmp_path / "erin" / "mine"
+    with pytest.raises(course_paths.LabError, match="--mine names one student's saved parts: give a single notebook"):
+        submissions.collect(tmp_path, mine=elsewhere)
+    with pytest.raises(course_paths.LabError, match="--mine .*nowhere: no such folder"):
+        submissions.collect(one, mine=tmp_path / "nowhere")
+
+
+def test_a_linked_mine_is_never_followed(tmp_path):
+    secret = _mine(tmp_path / "instructor", "lab01.py")
+    _nb(tmp_path / "subs" / "mallory" / f"{LAB}.ipynb")
+    (tmp_path / "subs" / "mallory" / "mine").symlink_to(secret)
+    assert submissions.collect(tmp_path / "subs")[0].mine is None
+
+
+def test_only_the_saved_modules_of_a_mine_are_copied_for_the_sandbox(tmp_path):
+    handed = _mine(tmp_path / "mine", "lab01.py", "lab05.py", "lab01.status.json", "notes.py")
+    (handed / "lab04.py").symlink_to(tmp_path / "mine" / "lab01.py")
+    (handed / "lab08.py").write_bytes(b"#" * (submissions.MINE_FILE_BYTES + 1))
+    copy, notes = submissions.snapshot_mine(handed, tmp_path / "copy")
+    assert sorted(p.name for p in copy.iterdir()) == ["lab01.py", "lab05.py"]
+    assert notes == ["mine/lab04.py is not a plain file (a link?): left out, so its parts are the course's",
+                     "mine/lab08.py is over 1 MB: left out, so its parts are the course's"]
+    assert oct(copy.stat().st_mode & 0o777) == "0o755" and oct((copy / "lab01.py").stat().st_mode & 0o777) == "0o644"
+    assert submissions.snapshot_mine(None, tmp_path / "none") == (None, []) and not (tmp_path / "none").exists()
+
+
+def test_only_lab_10_gets_the_mine_handed_in_and_its_report_says_what_was_served(tmp_path):
+    handed = _mine(tmp_path / "mine", "lab01.py", "lab05.py", "lab05.status.json")
+    lab01, lab10 = course_paths.find_labs([LAB, "lab10"])
+    assert submissions.handed_in_mine(submissions.Submission("a", lab01, tmp_path / "x.ipynb", handed),
+                                      tmp_path / "one") == (None, [])  # graded on the course's parts: nothing mounted
+    copy, notes = submissions.handed_in_mine(submissions.Submission("a", lab10, tmp_path / "x.ipynb", handed),
+                                             tmp_path / "ten")
+    assert copy == tmp_path / "ten" and notes == [
+        "mine/ handed in (lab01.py, lab05.py): Task 3 served every part of labs 01-09 they define that plugs into the "
+        "engine, as handed in, and the course's for the rest"]
+    assert submissions.handed_in_mine(submissions.Submission("b", lab10, tmp_path / "y.ipynb"), tmp_path / "no") == (
+        None, ["no mine/ was handed in with this notebook: Task 3 served the course's parts of labs 01-09"])
+
+
 # ---------------------------------------------------------------- the helpers the test cells use
 
 class AlwaysEqual:

@@ -189,3 +189,114 @@ def test_the_hidden_specs_name_existing_cases():
     for cell_id in ("served-hidden", "stream-hidden"):
         files = {d.file: hidden_outputs.load(d.file) for d in hidden_outputs.spec("lab10_capstone", cell_id)}
         assert hidden_outputs.expected_keys("lab10_capstone", cell_id, files)
+
+
+# ---------------------------------------------------------------- Task 3 under grading: the mine/ handed in
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A student's mine/ as the labs' last cells leave it: labs 01, 04, 05 and 08 saved from their solutions (the
+    sampler, the policy, the block manager and gather, the prefix cache and chunking rule)."""
+    import os
+
+    from autograder.own import save
+
+    folder = tmp_path_factory.mktemp("handed-in") / "mine"
+    old = os.environ.get("MINIENGINE_MINE")
+    os.environ["MINIENGINE_MINE"] = str(folder)
+    try:
+        for n in (1, 4, 5, 8):
+            path = next((REPO_ROOT / "labs").glob(f"lab{n:02d}_*/lab{n:02d}_*.ipynb"))
+            save.from_check(path, json.loads(path.read_text()), {})
+    finally:
+        os.environ["MINIENGINE_MINE"] = old
+    return folder
+
+
+@pytest.fixture(scope="module")
+def few(tmp_path_factory):
+    """Six visible cases, greedy and sampled, as a golden file of their own (a short server run)."""
+    data = json.loads((REPO_ROOT / "data" / "golden" / "visible.json").read_text())
+    data["cases"] = [c for c in data["cases"] if c["name"] in
+                     ("p0-greedy", "p0-temperature", "p0-top_k", "p1-top_p", "p1-combined", "p2-temperature")]
+    path = tmp_path_factory.mktemp("golden") / "visible.json"
+    path.write_text(json.dumps(data))
+    return [str(path)]
+
+
+def handed_in(monkeypatch, tmp_path, saved, edit=None):
+    """Grading, with a copy of ``saved`` handed in; ``edit(folder)`` plants a bug in the copy."""
+    import shutil
+
+    folder = tmp_path / "mine"
+    shutil.copytree(saved, folder)
+    if edit:
+        edit(folder)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setenv("MINIENGINE_MINE", str(folder))
+    return folder
+
+
+def observed(monkeypatch) -> list:
+    """What the harness's checks observe from now on (the rows a kernel hands to the grader)."""
+    import sys
+
+    ledger, rows = sys.modules["autograder.notebook_checks.ledger"], []
+
+    def flush():
+        rows.extend(ledger.pending())
+        del ledger._rows[:]
+
+    monkeypatch.setattr(ledger, "flush", flush)
+    return rows
+
+
+@pytest.mark.slow
+def test_graded_task_3_serves_the_parts_handed_in_and_says_which(lab, ns, saved, few, monkeypatch, tmp_path, capsys):
+    rows = observed(monkeypatch)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.delenv("MINIENGINE_MINE", raising=False)
+    assert lab.check_served(ns["serve_flags"], few) == 6  # as the answer sheet is made: the solution, no mine/
+    sheet = list(rows)
+    del rows[:]
+    handed_in(monkeypatch, tmp_path, saved)
+    assert lab.check_served(ns["serve_flags"], few) == 6
+    assert rows == sheet  # the same observations, so the grader's verdict holds them to the sheet's rows
+    out = capsys.readouterr().out
+    assert "autograder.labs.lab10.served:sampler" in out and "(your parts: sampler, kv, scheduling_policy, chunk)" in out
+    assert ("parts served from the mine/ handed in: sampler (lab01.py), prefix cache (lab08.py), paged gather "
+            "(lab05.py), scheduling policy (lab04.py), chunking rule (lab08.py); the course's: none") in out
+
+
+@pytest.mark.slow
+def test_graded_task_3_fails_on_a_broken_part_handed_in(lab, ns, saved, few, monkeypatch, tmp_path):
+    def noise_one_position_late(folder):  # the classic: the position of the token sampled, not the one predicting it
+        path = folder / "lab01.py"
+        text = path.read_text()
+        assert "gumbel_noise(params.seed, position, " in text
+        path.write_text(text.replace("gumbel_noise(params.seed, position, ", "gumbel_noise(params.seed, position + 1, "))
+
+    handed_in(monkeypatch, tmp_path, saved, noise_one_position_late)
+    with pytest.raises(AssertionError) as e:
+        lab.check_served(ns["serve_flags"], few)
+    assert str(e.value).startswith("visible p0-temperature through the server: first difference at step ")
+    assert "(served with your parts for sampler, kv, scheduling_policy, chunk: a part of yours differs" in str(e.value)
+
+
+def test_graded_task_3_refuses_a_part_whose_module_does_not_run(lab, ns, saved, few, monkeypatch, tmp_path):
+    def half_saved(folder):
+        (folder / "lab01.py").write_text((folder / "lab01.py").read_text() + "\nraise ValueError('half-saved')\n")
+
+    handed_in(monkeypatch, tmp_path, saved, half_saved)
+    with pytest.raises(AssertionError, match=r"your engine: `python -m miniengine serve .*` exited with status 1: "
+                                             r"RuntimeError: your handed-in lab01.py does not run on its own: "
+                                             r"ValueError: half-saved \(it defines sampler\)"):
+        lab.check_served(ns["serve_flags"], few)
+
+
+def test_graded_task_3_without_a_mine_serves_the_courses_parts_and_says_so(lab, ns, few, monkeypatch, capsys):
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.delenv("MINIENGINE_MINE", raising=False)  # the grader sets none: no other mine/ is ever read
+    assert lab.check_served(ns["serve_flags"], few) == 6
+    out = capsys.readouterr().out
+    assert "--sampler" not in out and "no mine/ was handed in with this notebook: every part served was the course's" in out

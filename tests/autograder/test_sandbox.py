@@ -18,7 +18,7 @@ from autograder_support import REPO
 
 from autograder import course_paths, hidden_outputs
 from autograder.course_paths import INSTRUCTOR_PACKAGES
-from autograder.sandbox import bubblewrap, isolation
+from autograder.sandbox import bubblewrap, isolation, uids
 
 HIDDEN = REPO / "autograder" / "hidden"
 
@@ -113,7 +113,7 @@ def make_box(folder, **limits):
     inputs = folder / "inputs"
     inputs.mkdir(parents=True)
     (inputs / "golden.json").write_text('{"cases": []}')
-    with (bubblewrap.claimed_uid() if mode == bubblewrap.ROOT else contextlib.nullcontext()) as uid:
+    with (uids.claimed_uid() if mode == bubblewrap.ROOT else contextlib.nullcontext()) as uid:
         sandbox = bubblewrap.Sandbox(runtime=str(folder / "run"), cases=str(folder / "cases"), uid=uid,
                                      inputs=str(inputs), **{"memory_gb": 2, "cpu_seconds": 30, "disk_mb": 64, **limits})
         sandbox.prepare()
@@ -284,7 +284,32 @@ def test_grading_refuses_where_no_sandbox_can_be_made_and_says_what_failed_and_h
 
 
 def test_concurrent_claims_never_share_a_uid():
-    with bubblewrap.claimed_uid() as a, bubblewrap.claimed_uid() as b:
+    with uids.claimed_uid() as a, uids.claimed_uid() as b:
         assert a != b
-        with bubblewrap.claimed_uid() as c:
+        with uids.claimed_uid() as c:
             assert c not in (a, b)
+
+
+def test_the_mine_handed_in_is_read_only_inside_and_named_by_its_variable(tmp_path):
+    from autograder.grade.submissions import snapshot_mine
+
+    handed = tmp_path / "alice" / "mine"
+    handed.mkdir(parents=True)
+    (handed / "lab01.py").write_text("def sample(logits, params, position):\n    return 0\n")
+    (handed / "lab01.status.json").write_text("{}")
+    copy, notes = snapshot_mine(handed, tmp_path / "grader" / "mine")
+    assert notes == [] and sorted(p.name for p in copy.iterdir()) == ["lab01.py"]
+    with make_box(tmp_path / "box", mine=str(copy)) as sandbox:
+        r = run_in(sandbox, f"""
+            echo "$MINIENGINE_MINE"
+            ls {bubblewrap.MINE}
+            head -1 {bubblewrap.MINE}/lab01.py
+            touch {bubblewrap.MINE}/x 2>/dev/null && echo WROTE
+            echo gone > {bubblewrap.MINE}/lab01.py 2>/dev/null && echo OVERWROTE
+            ls {handed} {copy} 2>/dev/null | wc -l
+        """)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[:3] == [bubblewrap.MINE, "lab01.py", "def sample(logits, params, position):"], r.stdout
+    assert "WROTE" not in r.stdout and "OVERWROTE" not in r.stdout
+    assert lines[3] == "0"  # neither the folder handed in nor the grader's copy is there: only the mount at MINE

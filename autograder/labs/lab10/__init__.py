@@ -12,9 +12,9 @@ Task 1, serve_flags (flags-visible/-hidden, lab10/flags.py): each configuration'
 Task 2, stream_completion (stream-visible/-hidden, lab10/serving.py): your client streams each case from the server;
   its text, token ids and finish reason must be the golden ones and the server's own non-streamed answer (joined
   chunks equal the non-streamed text), on stop strings (one ending inside a token) and penalties too.
-Task 3, your engine served (served-visible/-hidden, lab10/serving.py): the server started with your flags (and, outside
-  grading, your saved parts of labs 01-09: lab10/served.py) serves every golden case at once to the harness's own
-  client: tokens, text, finish reason and usage.
+Task 3, your engine served (served-visible/-hidden, lab10/serving.py): the server started with your flags and your
+  saved parts of labs 01-09 (lab10/served.py: outside grading from mine/, under grading from the mine/ handed in with
+  the notebook) serves every golden case at once to the harness's own client: tokens, text, finish reason and usage.
 Design, serving_config (design-serving-visible/-hidden, lab10/design.py): the harness replays seeded chat traces on
   the simulator (Llama-3-8B, paper H100) with your configuration at a fixed ladder of rates; the highest rate at which
   SLO attainment is at least 90% earns full points at TARGET_RATE, none at the default configuration's, partial
@@ -27,10 +27,10 @@ import importlib
 
 from autograder import notebook_checks as checks  # noqa: F401  (the cells reach HiddenReport through lab.checks)
 from autograder.labs.lab10 import common as lab10_common, design as lab10_design, flags as lab10_flags  # noqa: E402
-from autograder.labs.lab10 import serving as lab10_serving  # noqa: E402
+from autograder.labs.lab10 import served as lab10_served, serving as lab10_serving  # noqa: E402
 
 # `pristine` reloads this file only: its parts afresh too, each one's dependencies before it.
-for _part in (lab10_common, lab10_flags, lab10_serving, lab10_design):
+for _part in (lab10_common, lab10_flags, lab10_served, lab10_serving, lab10_design):
     importlib.reload(_part)
 
 from autograder.labs.lab10.design import (RATES, TARGET_RATE, check_design, check_numbers,  # noqa: E402

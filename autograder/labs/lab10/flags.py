@@ -57,8 +57,9 @@ def expected(config: dict) -> dict:
     return out
 
 
-def flags_for(serve_flags, config: dict, what: str, hidden: bool = False) -> list[str]:
-    """Your flags for ``config``, checked to read back as it; observes what the server read."""
+def flags_for(serve_flags, config: dict, what: str, hidden: bool = False, observe: bool = True) -> list[str]:
+    """Your flags for ``config``, checked to read back as it; observes what the server read (``observe=False``: a
+    configuration of this submission's own, such as its handed-in parts, which no answer sheet can know)."""
     try:
         flags = as_strings(serve_flags(dict(config)), what)
     except NotImplementedError:
@@ -69,8 +70,9 @@ def flags_for(serve_flags, config: dict, what: str, hidden: bool = False) -> lis
         raise AssertionError(f"{what}: serve_flags raised {type(e).__name__}: {e}") from None
     got, want = read_back(flags, what), expected(config)
     shown = {k: v for k, v in got.items() if v != want.get(k) or k in config}
-    checks.observe(f"{what}: the fields the server reads from your flags", {k: got[k] for k in sorted(config)},
-                   **({} if hidden else {"expect": {k: want[k] for k in sorted(config)}}))
+    if observe:
+        checks.observe(f"{what}: the fields the server reads from your flags", {k: got[k] for k in sorted(config)},
+                       **({} if hidden else {"expect": {k: want[k] for k in sorted(config)}}))
     for name in FIELDS:
         if got[name] != want[name]:
             said = "" if hidden else f", expected {want[name]!r}"

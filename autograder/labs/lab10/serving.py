@@ -1,9 +1,10 @@
 """Your engine behind the server (Task 3) and your streaming client (Task 2). Reloaded by ``autograder.labs.lab10``.
 
 Every check starts ``python -m miniengine serve`` with the flags your ``serve_flags`` writes for the tests' engine
-(SERVED: small budgets, chunked prefill, so that requests queue and share steps), plus, outside grading, your saved
-parts of labs 01-09 (``engine_config``: the plug points name ``autograder.labs.lab10.served``, which builds them from
-mine/ in the server's process; under grading every part is the course's, as in every lab). Then:
+(SERVED: small budgets, chunked prefill, so that requests queue and share steps). Task 3 adds your saved parts of
+labs 01-09 (``engine_config``: the plug points name ``autograder.labs.lab10.served``, which builds them in the
+server's process): outside grading from mine/, under grading from the mine/ handed in with the notebook, as it is
+(served.py says which parts count). Then:
 
 * served (``check_served`` / ``report_served``): the harness's own client sends every case at once, non-streaming;
   each completion's token ids and text must be the golden ones (hidden: they go to the grader, which compares them
@@ -26,7 +27,7 @@ PARTS = "autograder.labs.lab10.served"  # the module whose attributes are your s
 
 def engine_config(base: dict = SERVED) -> tuple[dict, list[str]]:
     """``base`` plus your saved parts of labs 01-09 as plug strings (``module:attribute``), and the parts' names.
-    Under grading (and with nothing saved): ``base`` alone, every part the course's."""
+    With nothing saved (under grading: no mine/ handed in): ``base`` alone, every part the course's."""
     from autograder.labs.lab10 import served
 
     keys = served.yours()
@@ -35,6 +36,22 @@ def engine_config(base: dict = SERVED) -> tuple[dict, list[str]]:
         if attribute in keys:
             config[field] = f"{PARTS}:{attribute}"
     return config, keys
+
+
+def _served_flags(serve_flags, config, parts, what, hidden):
+    """Your flags for the tests' engine, observed as the answer sheet knows it (SERVED); with your parts plugged,
+    checked here too, unobserved (the sheet holds the course's solution, which has no parts)."""
+    flags = flags_for(serve_flags, dict(SERVED), what, hidden=hidden)
+    return flags_for(serve_flags, config, what, hidden=hidden, observe=False) if parts else flags
+
+
+def _say_parts():
+    """Under grading: which parts came from the mine/ handed in (the feedback shows the cell's output)."""
+    from autograder.labs.lab10 import served
+
+    line = served.handed_in_report()
+    if line:
+        print(line)
 
 
 def _own_client(stream_completion):
@@ -98,25 +115,34 @@ def check_served(serve_flags, files, label: str = "") -> int:
     reason and usage. Returns the number of cases."""
     checks.require_own(serve_flags, "serve_flags")
     config, parts = engine_config()
-    flags = flags_for(serve_flags, config, f"{label}serve_flags for the tests' engine")
+    flags = _served_flags(serve_flags, config, parts, f"{label}serve_flags for the tests' engine", False)
     cases = _load(files)
     tok = checks.load_tokenizer()
+    print(f"{label}serving with {' '.join(flags)}" + (f" (your parts: {', '.join(parts)})" if parts else ""))
+    _say_parts()
     with common.server(flags, f"{label}your engine") as url:
         answers = common.complete_all(url, [c for _, c in cases])
-    for (file, case), answer in zip(cases, answers):
-        what = f"{label}{file} {case['name']} through the server"
-        _compare(what, answer, case, tok)
-        _check_usage(what, case, answer)
-    print(f"{label}served with {' '.join(flags)}" + (f" (your parts: {', '.join(parts)})" if parts else ""))
+    try:
+        for (file, case), answer in zip(cases, answers):
+            what = f"{label}{file} {case['name']} through the server"
+            _compare(what, answer, case, tok)
+            _check_usage(what, case, answer)
+    except AssertionError as e:
+        if not parts:
+            raise
+        raise AssertionError(f"{e} (served with your parts for {', '.join(parts)}: a part of yours differs from the "
+                             f"course's here, or your flags; each lab's `python -m autograder check` runs its "
+                             f"visible tests)") from None
     return len(cases)
 
 
 def report_served(serve_flags, report, label: str = "hidden: ") -> int:
     """Hidden: every hidden case through the server; each completion's tokens and text go to the grader."""
     checks.require_own(serve_flags, "serve_flags")
-    config, _ = engine_config()
-    flags = flags_for(serve_flags, config, f"{label}serve_flags for the tests' engine", hidden=True)
+    config, parts = engine_config()
+    flags = _served_flags(serve_flags, config, parts, f"{label}serve_flags for the tests' engine", True)
     due = [(f, c) for f in ("golden", "sampling_features", "lab10_stops") for c in report.cases(f)]
+    _say_parts()
     with common.server(flags, f"{label}your engine") as url:
         answers = common.complete_all(url, [c for _, c in due])
     for (file, case), answer in zip(due, answers):
