@@ -14,7 +14,9 @@ the refusal names the cell, the line and the construct.
   * no dunder attributes (``__globals__``, ``__code__``, ``__subclasses__``...), except a few that are plain
     Python (``__init__``, ``__name__``...); no frame or traceback attributes (``gi_frame``, ``f_back``...);
   * no private attribute (``x._name``) that the answer cells do not themselves define: the course's objects keep
-    their insides to themselves (a wrapped model's ``_model``, which the harness counts around);
+    their insides to themselves (a wrapped model's ``_model``, which the harness counts around); and one is set
+    or deleted (``x._name = ...``, ``setattr(x, "_name", ...)``) only on the answer's own object, ``self`` in a
+    method of a class it defines, whatever names it gives its own (``session._peak = 0`` is refused);
   * imports only from what the lab needs: Python's numeric and container modules, and the modules and names the
     lab's given cells import; never an answer-key function (the names the harnesses forbid), and never the
     interpreter's machinery (``sys``, ``os``, ``importlib``, ``inspect``, ``gc``, ``ctypes``, ``builtins``,

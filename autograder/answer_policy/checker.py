@@ -20,6 +20,19 @@ class _Checker(ast.NodeVisitor):
         self.own_globals = own_globals  # module-level names the answer cells bind themselves
         self.scopes = [table] if table is not None else []
         self.found: list[Refusal] = []
+        self.owners: list[str | None] = [None]  # the innermost method's first parameter (its self), if any
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for item in node.body:  # a method's first parameter is the answer's own object; anything else is not
+            static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in getattr(item, "decorator_list", []))
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not static:
+                item.own_object = item.args.posonlyargs[0].arg if item.args.posonlyargs else (
+                    item.args.args[0].arg if item.args.args else None)
+        self.owners.append(None)
+        try:
+            self.generic_visit(node)
+        finally:
+            self.owners.pop()
 
     def visit(self, node):
         kind = type(node)
@@ -77,6 +90,8 @@ class _Checker(ast.NodeVisitor):
             attr = node.args[1] if len(node.args) > 1 else None
             if isinstance(attr, ast.Constant) and isinstance(attr.value, str):
                 self.attribute(node, attr.value, f"{node.func.id}(..., {attr.value!r})")
+                if node.func.id in ("setattr", "delattr") and node.args:
+                    self.private_write(node, node.args[0], attr.value, f"{node.func.id}(..., {attr.value!r})")
             else:
                 self.refuse(node, node.func.id, f"{node.func.id} is allowed only with a literal attribute name, "
                                                 f"such as {node.func.id}(x, \"size\")")
@@ -90,7 +105,21 @@ class _Checker(ast.NodeVisitor):
     # -- attributes
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.attribute(node, node.attr, f".{node.attr}")
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            shown = f".{node.attr} = ..." if isinstance(node.ctx, ast.Store) else f"del .{node.attr}"
+            self.private_write(node, node.value, node.attr, shown)
         self.generic_visit(node)
+
+    def private_write(self, node, target, attr: str, construct: str) -> None:
+        """A private attribute is set (or deleted) only on the answer's own object: ``self`` in a method of a class
+        the answer cells define. On any other object it could be a course object's inside that the harness reads (a
+        counter, a peak, a cache) under the name the answer also gives its own."""
+        if not attr.startswith("_") or (attr.startswith("__") and attr.endswith("__")):
+            return
+        if not (isinstance(target, ast.Name) and target.id == self.owners[-1]):
+            self.refuse(node, construct, "a private attribute is set only on your own object (self, in a method of a "
+                                         "class your answer defines): on any other object it could change the "
+                                         "insides of a course object the tests read")
 
     def attribute(self, node, attr: str, construct: str) -> None:
         if attr.startswith("__") and attr.endswith("__"):
@@ -134,7 +163,16 @@ class _Checker(ast.NodeVisitor):
     def visit_FunctionDef(self, node) -> None:
         if node.name in TAKEOVER_METHODS:
             self.refuse(node, f"def {node.name}", "this method lets an object take over what the harness does with it")
-        self.generic_visit(node)
+        # A method's own object; a function nested in it keeps it (unless a parameter of its own shadows the name).
+        owner = getattr(node, "own_object", None)
+        if owner is None and self.owners[-1] not in {a.arg for a in node.args.posonlyargs + node.args.args
+                                                     + node.args.kwonlyargs}:
+            owner = self.owners[-1]
+        self.owners.append(owner)
+        try:
+            self.generic_visit(node)
+        finally:
+            self.owners.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
 

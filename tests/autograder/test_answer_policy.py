@@ -90,6 +90,20 @@ ATTACKS = {  # what a hostile answer cell tries -> the construct the refusal nam
     "torch's dispatch": ("class T:\n    def __torch_function__(self, *a):\n        pass\n", "def __torch_function__"),
     "a finaliser": ("class T:\n    def __del__(self):\n        pass\n", "def __del__"),
     "a star import": ("from math import *\n", "from math import *"),
+    # A private name the answer gives its own object does not open other objects' insides to writes: lab 05's
+    # `session._peak = 0` scored 45/45 while the harness read the session's own peak (fixed there too).
+    "a course object's private counter, named like the answer's own": (
+        "class A:\n    def __init__(self):\n        self._peak = 1\ndef f(session):\n    session._peak = 0\n",
+        "._peak = ..."),
+    "setattr on another object, named like the answer's own": (
+        "class A:\n    def __init__(self):\n        self._peak = 1\ndef f(session):\n    setattr(session, '_peak', 0)\n",
+        "setattr(..., '_peak')"),
+    "a private attribute deleted on another object": (
+        "class A:\n    def __init__(self):\n        self._x = 1\ndef f(o):\n    del o._x\n", "del ._x"),
+    "a method's other parameter": (
+        "class A:\n    def __init__(self):\n        self._x = 1\n    def f(self, o):\n        o._x = 2\n", "._x = ..."),
+    "a static method's parameter": (
+        "class A:\n    @staticmethod\n    def f(o):\n        o._x = 2\n", "._x = ..."),
 }
 
 
@@ -102,6 +116,8 @@ def test_a_hostile_answer_is_refused(name, lab01):
 ALLOWED = {  # what honest answers write, which must pass
     "its own private attributes": "class A:\n    def __init__(self):\n        self._x = 1\n    def f(self, o):\n"
                                   "        return o._x + self._x\n",
+    "its own private attributes set in a function nested in a method": (
+        "class A:\n    def __init__(self):\n        def g():\n            self._x = 1\n        g()\n"),
     "getattr with a plain literal name": "def f(params):\n    return getattr(params, 'top_k', 0)\n",
     "a given module imported again the same way": "import numpy as np\nimport torch\n",
     "Python's own tools": "import math\nfrom collections import deque\nimport heapq\nfrom functools import lru_cache\n",
