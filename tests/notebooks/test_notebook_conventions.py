@@ -181,3 +181,51 @@ def test_badge_and_setup_cell_follow_the_one_colab_setting(path):
     if path in LABS:  # `python -m autograder check` on Colab needs nbgrader: pyproject's grading extra
         assert '"/content/course[grading]"' in setup, (
             f"{rel(path)}: rule 'Colab setup cell': a lab's setup cell must install /content/course[grading]; {fix}")
+
+
+def _returns_a_value(fn) -> bool:
+    """Whether ``fn``'s own body (not the functions defined inside it) returns anything but None."""
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))).body[0]
+    todo, found = list(tree.body), False
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue  # a function of its own: its returns are not this one's
+        if isinstance(node, ast.Return) and node.value is not None and not (
+                isinstance(node.value, ast.Constant) and node.value.value is None):
+            found = True
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+@pytest.mark.parametrize("path", LABS, ids=ids(LABS))
+def test_a_test_cell_hands_nbgrader_no_number_as_its_score(path):
+    """nbgrader scores a test cell by its last expression's value when that value reads as a number (a cell ending in
+    ``lab.check_flags(...)``, which returns how many cases it checked, scores that count, not the cell's points). So a
+    test cell's last statement is no expression, unless it is ``print(...)`` or a harness call that returns nothing."""
+    import importlib
+
+    import autograder.labs
+
+    lab = importlib.reload(autograder.labs).pristine(path.parent.name.split("_", 1)[0])
+    problems = []
+    for cell in code_cells(load(path)):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not meta.get("grade") or meta.get("solution"):
+            continue
+        tree = ast.parse(re.sub(r"^\s*### (BEGIN|END) HIDDEN TESTS\s*$", "", source(cell), flags=re.M))
+        last = tree.body[-1] if tree.body else None
+        if not isinstance(last, ast.Expr):
+            continue
+        call = last.value if isinstance(last.value, ast.Call) else None
+        name = ast.unparse(call.func) if call else ""
+        if name in ("print", "report.submit"):
+            continue
+        if name.startswith("lab.") and not _returns_a_value(getattr(lab, name[4:])):
+            continue
+        problems.append(f"{meta.get('grade_id')} ends in `{ast.unparse(last)[:60]}`")
+    assert not problems, (f"{rel(path)}: rule 'no score by expression': assign the value (n = ...) or print it: "
+                          + "; ".join(problems))

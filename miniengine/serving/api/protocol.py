@@ -150,5 +150,3 @@ def validation_error(errors: list[dict]) -> RequestError:
         return RequestError(f"stop must be a non-empty string or a list of non-empty strings, got {got!r}", field)
     return RequestError(f"{where}: {e.get('msg')}, got {got!r}", field)
 
-
-Finish = Literal["stop", "length", "abort"]
