@@ -149,6 +149,10 @@ SPECS: dict[tuple[str, str], list[Due]] = {
     ("lab10_capstone", "stream-hidden"): [Due("golden", "two_per_kind", ("token_ids", "text")),
                                           Due("sampling_features", "one_per_kind", ("token_ids", "text")),
                                           Due("lab10_stops", "all", ("token_ids", "text"))],
+    # ... and the server with the student's own penalties (process_row) and stop strings (StopRules) plugged serves
+    # every hidden penalty, min_p and stop-string case
+    ("lab10_capstone", "features-hidden"): [Due("sampling_features", "all", ("token_ids", "text")),
+                                            Due("lab10_stops", "all", ("token_ids", "text"))],
 }
 
 

@@ -70,6 +70,10 @@ PARTS = (
     Part("serve_flags", 10, "serving flags", ("serve_flags",), APART,
          "glue, not an engine part: Lab 10's tests start `serve` with your flags and your parts"),
     Part("stream_client", 10, "streaming client", ("stream_completion",), APART, "a client of the server, not a part of it"),
+    Part("logits_processor", 10, "penalties and min_p", ("process_row",), APART,
+         "a plug of the server (--logits-processor): Lab 10's Task 4 serves it"),
+    Part("stop_rules", 10, "stop strings", ("StopRules",), APART,
+         "a plug of the server (--stop-strings): Lab 10's Task 4 serves it"),
     Part("serving_config", 10, "serving configuration", ("serving_config",), APART,
          "priced on the simulator: Lab 10's design part", course=False),
 )

@@ -178,7 +178,7 @@ def test_only_lab_10_gets_the_mine_handed_in_and_its_report_says_what_was_served
         "mine/ handed in (lab01.py, lab05.py): Task 3 served every part of labs 01-09 they define that plugs into the "
         "engine, as handed in, and the course's for the rest"]
     assert submissions.handed_in_mine(submissions.Submission("b", lab10, tmp_path / "y.ipynb"), tmp_path / "no") == (
-        None, ["no mine/ was handed in with this notebook: Task 3 served the course's parts of labs 01-09"])
+        None, [])  # the served test's output says so; a note would be a problem (verify's solution hands in none)
 
 
 # ---------------------------------------------------------------- the helpers the test cells use

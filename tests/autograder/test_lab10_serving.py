@@ -30,13 +30,23 @@ def given(cell_id: str) -> str:
     return next("".join(c["source"]) for c in json.loads(LAB10.read_text())["cells"] if c.get("id") == cell_id)
 
 
+def as_kernel(text: str, ns: dict, name: str) -> None:
+    """Run ``text`` in ``ns`` as a kernel runs a cell: compiled under a file name of its own, its lines in linecache
+    (where autograder/own/source.py finds a cell's source, as Task 4's served check does)."""
+    import linecache
+
+    filename = f"/tmp/ipykernel_lab10_tests/{name}.py"
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    exec(compile(text, filename, "exec"), ns)
+
+
 @pytest.fixture(scope="module")
 def ns():
     """The setup cell and the solution's answer cells, run as the notebook runs them."""
     out: dict = {"__name__": "__main__"}
     exec(given("setup"), out)
-    for gid in ("serve_flags", "stream_completion", "design-serving"):
-        exec(cell(gid), out)
+    for gid in ("serve_flags", "stream_completion", "process_row", "StopRules", "design-serving"):
+        as_kernel(cell(gid), out, gid)
     return out
 
 
@@ -185,8 +195,74 @@ def test_a_prompt_that_never_fits_fails_naming_the_rate():
         design.max_rate(config, (0,))
 
 
+# ---------------------------------------------------------------- Task 4: process_row and StopRules
+
+def test_the_solutions_features_match_the_courses_by_hand(lab, ns):
+    assert lab.check_rows(ns["process_row"], seed=0) == 8
+    assert lab.check_rows(ns["process_row"], seed=907, label="hidden: ", hidden=True) == 8
+    assert lab.check_stop_rules(ns["StopRules"]) == 10
+
+
+def test_the_solutions_features_served_give_the_golden_cases(lab, ns):
+    assert lab.check_served_features(ns["process_row"], ns["StopRules"], ns, lab.FEATURE_FILES) == 40
+
+
+def planted_cell(ns: dict, gid: str, old: str, new: str, name: str):
+    """The solution's cell ``gid`` with ``old`` replaced by ``new``, run as a kernel would; returns ``name``."""
+    out = dict(ns)
+    source = cell(gid)
+    assert old in source, old
+    as_kernel(source.replace(old, new), out, f"planted-{gid}-{abs(hash(new))}")
+    return out[name], out
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("set(prompt_ids) | set(output_ids)", "set(output_ids)",  # the penalty forgets the prompt
+     r"repetition penalty 1\.3, row 0: token \d+'s logit is .*, expected .* \(prompt \["),
+    ("- params.presence_penalty * (counts > 0)", "- params.presence_penalty * counts",  # presence counted per use
+     r"frequency 0\.5 and presence 0\.4, row \d: token \d+'s logit is"),
+    ("scaled - scaled.max() >= np.log(params.min_p)", "row - row.max() >= np.log(params.min_p)",  # min_p at temperature 1
+     r"min_p 0\.05 at temperature 0\.7, row \d: your row keeps tokens"),
+])
+def test_planted_process_row_bugs_fail_by_hand_naming_the_setting(lab, ns, old, new, message):
+    process_row, _ = planted_cell(ns, "process_row", old, new, "process_row")
+    with pytest.raises(AssertionError, match=message):
+        lab.check_rows(process_row, seed=0)
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("(start + len(stop), start) < (best.end, best.start)", "start < best.start",  # the earliest start, not end
+     r"find_stop, the earliest end wins, not the earliest start: find_stop\('x = foo\(bar\)', .* gave "
+     r"\['= foo\(bar\)', 2, 12\], expected \['foo', 4, 7\]"),
+    ("keep = max((len(s) for s in stops), default=1) - 1", "keep = 0",  # nothing held back
+     r"sendable, running, a two-character stop held back one: .* gave 'x = 1\\n', expected 'x = 1'"),
+])
+def test_planted_stop_rule_bugs_fail_by_hand(lab, ns, old, new, message):
+    StopRules, _ = planted_cell(ns, "StopRules", old, new, "StopRules")
+    with pytest.raises(AssertionError, match=message):
+        lab.check_stop_rules(StopRules)
+
+
+def test_a_penalty_bug_served_fails_on_the_first_penalised_case(lab, ns):
+    process_row, planted = planted_cell(ns, "process_row", "set(prompt_ids) | set(output_ids)", "set(output_ids)",
+                                        "process_row")
+    with pytest.raises(AssertionError, match=r"sampling_features p\d-\w+, your features served: first difference at "
+                                             r"step \d+: expected \d+ \("):
+        lab.check_served_features(process_row, planted["StopRules"], planted, lab.FEATURE_FILES)
+
+
+def test_the_courses_functions_are_this_tasks_answer_key(lab, ns):
+    calls_the_course = ("def process_row(logits, prompt_ids, output_ids, params):\n"
+                        "    return logits_processors.process_row(logits, prompt_ids, output_ids, params)\n")
+    out = dict(ns)
+    exec("from miniengine import logits_processors\n", out)
+    as_kernel(calls_the_course, out, "copied")
+    with pytest.raises(AssertionError, match="that is the course's reference implementation"):
+        lab.check_rows(out["process_row"], seed=0)
+
+
 def test_the_hidden_specs_name_existing_cases():
-    for cell_id in ("served-hidden", "stream-hidden"):
+    for cell_id in ("served-hidden", "stream-hidden", "features-hidden"):
         files = {d.file: hidden_outputs.load(d.file) for d in hidden_outputs.spec("lab10_capstone", cell_id)}
         assert hidden_outputs.expected_keys("lab10_capstone", cell_id, files)
 
@@ -209,7 +285,10 @@ def saved(tmp_path_factory):
             path = next((REPO_ROOT / "labs").glob(f"lab{n:02d}_*/lab{n:02d}_*.ipynb"))
             save.from_check(path, json.loads(path.read_text()), {})
     finally:
-        os.environ["MINIENGINE_MINE"] = old
+        if old is None:
+            os.environ.pop("MINIENGINE_MINE", None)
+        else:
+            os.environ["MINIENGINE_MINE"] = old
     return folder
 
 

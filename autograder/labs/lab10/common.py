@@ -57,13 +57,14 @@ def complete_all(url: str, cases: list[dict], workers: int = 32) -> list[dict]:
 
 
 @contextlib.contextmanager
-def server(flags: list[str], what: str):
+def server(flags: list[str], what: str, path: str | None = None):
     """``python -m miniengine serve`` with ``flags`` on a free port (launch.spawned); yields its URL once /health
-    answers. It runs from a scratch folder, with the course on its import path (for the plug flags' modules)."""
+    answers. It runs from a scratch folder, with the course (and ``path``, a folder of modules the plug flags name) on
+    its import path."""
     from miniengine.serving.api.launch import spawned
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(miniengine.__file__)))
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [path, root, os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     stack = contextlib.ExitStack()
     try:
