@@ -118,8 +118,9 @@ def judge(test: results.TestResult, cell, sheet_rows: list[dict] | None) -> resu
     problems = [p for row in sheet_rows if (p := compare(got[row["label"]], row, test.hidden))]
     if not problems:
         return test
-    head = "hidden: " if test.hidden else ""
     hard = [p for p in problems if isinstance(p, str)]
+    first = hard[0] if hard else min(problems, key=lambda p: p[0])[1]
+    head = "hidden: " if test.hidden and not first.startswith("hidden: ") else ""  # a hidden label may say it already
     if hard:  # something is wrong, not merely short of a target: no share
         words = [p if isinstance(p, str) else p[1] for p in problems]
         more = f" ({len(words) - 1} more)" if len(words) > 1 else ""

@@ -47,6 +47,14 @@ def test_a_hidden_message_says_where_but_never_the_expected_value():
     assert "[5, 6, 7]" not in r.message and "6" not in r.message.split("index")[0]
 
 
+def test_a_hidden_label_that_says_hidden_is_not_said_twice():
+    sheet = [{"label": "hidden: find_stop, two stops", "expect": ["a", 0, 1]}]
+    r = verdicts.judge(passed(hidden=True), cell({"label": "hidden: find_stop, two stops", "value": ["b", 0, 1]}), sheet)
+    assert r.message == "hidden: find_stop, two stops: your output differs from the reference (first difference at index 0 of 3)"
+    r = verdicts.judge(passed(hidden=True), cell(*[dict(GOOD[0], value=0)] + GOOD[1:]), SHEET)
+    assert r.message.startswith("hidden: greedy([1, 2]): your output differs")
+
+
 @pytest.mark.parametrize("label,value", [("passes", 13), ("score", -1.6), ("p0: tokens", [5, 6]),
                                          ("greedy([1, 2])", True), ("greedy([1, 2])", 1.0000001)])
 def test_bounds_tolerances_and_kinds(label, value):
