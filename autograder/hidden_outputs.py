@@ -174,10 +174,16 @@ def _tokens(n: int) -> str:
     return f"{n} token{'s' * (n != 1)}"
 
 
+def _parting(got, want) -> int:
+    """Where two runs or two texts part: the shorter one's length where one is a prefix of the other. (The kernel's
+    harnesses have their own, labs/shared.first_difference, which ``pristine`` reloads; this one is the grader's.)"""
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+
+
 def _first_difference(got: list, want: list) -> str | None:
     if got == want:
         return None
-    t = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    t = _parting(got, want)
     if t == len(want):
         return f"your run went on past the reference's last token, at step {t} ({_tokens(len(got))} generated)"
     if t == len(got):
@@ -208,7 +214,7 @@ def compare(field: str, got, want) -> str | None:
             return "the reported text is not a string"
         if got == want:
             return None
-        c = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        c = _parting(got, want)
         if c == len(want):
             return f"your text went on past the reference's end, at character {c} ({len(got)} characters)"
         if c == len(got):

@@ -16,8 +16,9 @@ import autograder.notebook_checks as checks
 
 # ---------------------------------------------------------------- token runs
 
-def first_difference(got: list[int], want: list[int]) -> int:
-    """The first step at which two runs part (the shorter one's length where one is a prefix of the other)."""
+def first_difference(got, want) -> int:
+    """The first step at which two runs (or two texts) part: the shorter one's length where one is a prefix of the
+    other."""
     return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
 
 

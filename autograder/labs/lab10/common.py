@@ -75,9 +75,38 @@ def server(flags: list[str], what: str, path: str | None = None):
         yield url
 
 
+def load_cases(files) -> list[tuple[str, dict]]:
+    """(file name without .json, case) for every case of the golden ``files``, in order."""
+    import json
+
+    out = []
+    for path in files:
+        with open(path) as f:
+            data = json.load(f)
+        out += [(path.rsplit("/", 1)[-1].removesuffix(".json"), c) for c in data["cases"]]
+    return out
+
+
+def compare_answer(what, got, want, tok):
+    """``got``'s token ids, text and finish reason against ``want``'s (a golden case, or the server's own answer):
+    observed, and asserted with where they part."""
+    import autograder.notebook_checks as checks
+    from autograder.labs.shared import difference
+
+    checks.observe(f"{what}: token_ids", got["token_ids"], expect=want["token_ids"])
+    assert got["token_ids"] == want["token_ids"], f"{what}: {difference(tok, got['token_ids'], want['token_ids'])}"
+    checks.observe(f"{what}: text", got["text"], expect=want["text"])
+    assert got["text"] == want["text"], f"{what}: {text_difference(got['text'], want['text'])}"
+    checks.observe(f"{what}: finish_reason", got["finish_reason"], expect=want["finish_reason"])
+    assert got["finish_reason"] == want["finish_reason"], (
+        f"{what}: finish_reason {got['finish_reason']!r}, expected {want['finish_reason']!r}")
+
+
 def text_difference(got: str, want: str) -> str:
     """Where two texts part, for a visible message (both shown near there)."""
-    c = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    from autograder.labs.shared import first_difference
+
+    c = first_difference(got, want)
     if c == len(want):
         return f"your text goes on past the expected end at character {c}: extra {got[c:c + 30]!r}"
     if c == len(got):

@@ -5,7 +5,7 @@ Two halves, visible and hidden alike:
 
 * by hand: your ``process_row`` on seeded random rows (each penalty alone, together, ``min_p`` at a temperature, a
   greedy row), the tokens it keeps and their logits; your ``find_stop`` and ``sendable`` on fixed texts. Each result
-  is observed: visible, against the course's own functions (miniengine/logits_processors.py, miniengine/stop_strings.py);
+  is observed: visible, against the course's own functions (miniengine/logits_processors.py and stop_strings.py);
   hidden, the grader compares it with the course's solution's.
 * served: the harness writes the cells that define them into a module of their own (the same way ``own`` saves a
   lab: autograder/own/source.py) and starts ``python -m miniengine serve`` with ``--logits-processor`` and
@@ -156,19 +156,21 @@ def check_stop_rules(StopRules, find=FIND, send=SEND, label: str = "", hidden: b
         got = _match(_call(rules.find_stop, where, text, list(stops)), where)
         want = _match(course.find_stop(text, stops), where)
         checks.observe(where, got, **({} if hidden else {"expect": want}))
-        assert hidden or got == want, f"{where}: find_stop({text!r}, {stops}) gave {got}, expected {want} ([stop, start, end])"
+        assert hidden or got == want, (f"{where}: find_stop({text!r}, {stops}) gave {got}, expected {want} "
+                                       f"([stop, start, end])")
     for what, text, stops, finished in send:
         where = f"{label}sendable, {what}"
         got = _call(rules.sendable, where, text, list(stops), finished)
         assert isinstance(got, str), f"{where}: sendable must return a str, got {type(got).__name__}"
         want = course.sendable(text, stops, finished)
         checks.observe(where, got, **({} if hidden else {"expect": want}))
-        assert hidden or got == want, f"{where}: sendable({text!r}, {stops}, finished={finished}) gave {got!r}, expected {want!r}"
+        assert hidden or got == want, (f"{where}: sendable({text!r}, {stops}, finished={finished}) gave {got!r}, "
+                                       f"expected {want!r}")
     return len(find) + len(send)
 
 
 @contextlib.contextmanager
-def _served(process_row, StopRules, ns: dict, what: str):
+def _served(ns: dict, what: str):
     """The server with your two parts plugged: the cells that define them, written as a module of their own."""
     from autograder.own import source
 
@@ -183,16 +185,14 @@ def _served(process_row, StopRules, ns: dict, what: str):
 
 def check_served_features(process_row, StopRules, ns, files, label: str = "") -> int:
     """Visible: every case of ``files`` served with your process_row and StopRules; tokens, text, finish reason."""
-    from autograder.labs.lab10.serving import _compare, _load
-
     checks.require_own(process_row, "process_row")
     _own_class(StopRules, "StopRules")
-    cases = _load(files)
+    cases = common.load_cases(files)
     tok = checks.load_tokenizer()
-    with _served(process_row, StopRules, ns, f"{label}the server with your process_row and StopRules") as url:
+    with _served(ns, f"{label}the server with your process_row and StopRules") as url:
         answers = common.complete_all(url, [c for _, c in cases])
     for (file, case), answer in zip(cases, answers):
-        _compare(f"{label}{file} {case['name']}, your features served", answer, case, tok)
+        common.compare_answer(f"{label}{file} {case['name']}, your features served", answer, case, tok)
     return len(cases)
 
 
@@ -201,7 +201,7 @@ def report_served_features(process_row, StopRules, ns, report, label: str = "hid
     checks.require_own(process_row, "process_row")
     _own_class(StopRules, "StopRules")
     due = [(f, c) for f in ("sampling_features", "lab10_stops") for c in report.cases(f)]
-    with _served(process_row, StopRules, ns, f"{label}the server with your process_row and StopRules") as url:
+    with _served(ns, f"{label}the server with your process_row and StopRules") as url:
         answers = common.complete_all(url, [c for _, c in due])
     for (file, case), answer in zip(due, answers):
         report.add(file, case, "token_ids", answer["token_ids"])

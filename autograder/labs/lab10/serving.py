@@ -78,18 +78,6 @@ def _reassembled(stream_completion, url, case, what):
     return {"text": str(got["text"]), "token_ids": ids, "finish_reason": str(reason)}
 
 
-def _compare(what, got, want, tok):
-    from autograder.labs.shared import difference
-
-    checks.observe(f"{what}: token_ids", got["token_ids"], expect=want["token_ids"])
-    assert got["token_ids"] == want["token_ids"], f"{what}: {difference(tok, got['token_ids'], want['token_ids'])}"
-    checks.observe(f"{what}: text", got["text"], expect=want["text"])
-    assert got["text"] == want["text"], f"{what}: {common.text_difference(got['text'], want['text'])}"
-    checks.observe(f"{what}: finish_reason", got["finish_reason"], expect=want["finish_reason"])
-    assert got["finish_reason"] == want["finish_reason"], (
-        f"{what}: finish_reason {got['finish_reason']!r}, expected {want['finish_reason']!r}")
-
-
 def _check_usage(what, case, answer):
     usage = answer["usage"]
     want = {"prompt_tokens": len(case["prompt_token_ids"]), "completion_tokens": len(answer["token_ids"])}
@@ -99,24 +87,13 @@ def _check_usage(what, case, answer):
     return got
 
 
-def _load(files):
-    import json
-
-    out = []
-    for path in files:
-        with open(path) as f:
-            data = json.load(f)
-        out += [(path.rsplit("/", 1)[-1].removesuffix(".json"), c) for c in data["cases"]]
-    return out
-
-
 def check_served(serve_flags, files, label: str = "") -> int:
     """Visible: every case of the golden ``files`` through the server started with your flags; tokens, text, finish
     reason and usage. Returns the number of cases."""
     checks.require_own(serve_flags, "serve_flags")
     config, parts = engine_config()
     flags = _served_flags(serve_flags, config, parts, f"{label}serve_flags for the tests' engine", False)
-    cases = _load(files)
+    cases = common.load_cases(files)
     tok = checks.load_tokenizer()
     print(f"{label}serving with {' '.join(flags)}" + (f" (your parts: {', '.join(parts)})" if parts else ""))
     _say_parts()
@@ -125,7 +102,7 @@ def check_served(serve_flags, files, label: str = "") -> int:
     try:
         for (file, case), answer in zip(cases, answers):
             what = f"{label}{file} {case['name']} through the server"
-            _compare(what, answer, case, tok)
+            common.compare_answer(what, answer, case, tok)
             _check_usage(what, case, answer)
     except AssertionError as e:
         if not parts:
@@ -158,15 +135,15 @@ def check_stream(stream_completion, serve_flags, files, pick: dict | None = None
     _own_client(stream_completion)
     checks.require_own(serve_flags, "serve_flags")
     flags = flags_for(serve_flags, dict(SERVED), f"{label}serve_flags for the tests' engine")
-    cases = [(f, c) for f, c in _load(files) if pick is None or c["name"] in pick.get(f, ())]
+    cases = [(f, c) for f, c in common.load_cases(files) if pick is None or c["name"] in pick.get(f, ())]
     tok = checks.load_tokenizer()
     with common.server(flags, f"{label}the server") as url:
         plain = common.complete_all(url, [c for _, c in cases])
         for (file, case), whole in zip(cases, plain):
             what = f"{label}{file} {case['name']}, streamed"
             got = _reassembled(stream_completion, url, case, what)
-            _compare(what, got, {k: whole[k] for k in ("text", "token_ids", "finish_reason")}, tok)
-            _compare(what + " (golden)", got, case, tok)
+            common.compare_answer(what, got, {k: whole[k] for k in ("text", "token_ids", "finish_reason")}, tok)
+            common.compare_answer(what + " (golden)", got, case, tok)
     return len(cases)
 
 
