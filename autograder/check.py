@@ -76,7 +76,8 @@ def check(notebook: Path, timeout: int = 120, memory_gb: float = 6.0) -> int:
     # serves the saved parts handed in with it: here, the mine/ that you would hand in.
     from autograder.own.registry import mine_dir
 
-    mine = {"MINIENGINE_MINE": str(mine_dir())} if mine_dir().is_dir() else {}
+    where = mine_dir()
+    mine = {"MINIENGINE_MINE": str(where)} if where.is_dir() else {}
     with mock.patch.dict(os.environ, {**GRADING_ENVIRONMENT, **mine}):
         ran, _ = executor.preprocess(copy.deepcopy(nb), {"metadata": {"path": str(notebook.parent.resolve())}})
     seconds = time.monotonic() - start

@@ -91,15 +91,9 @@ def _student_for_file(path: Path, lab: course_paths.Lab) -> str:
 def _mine_for(nb: Path, root: Path | None, whole_root: bool) -> Path | None:
     """The mine/ folder beside ``nb`` or above it, below ``root`` (at ``root`` too when ``whole_root``: the folder
     holds one notebook); beside it alone when there is no root (a lone notebook). A link is never followed."""
-    for folder in [nb.parent, *nb.parent.parents]:
-        if root is not None and folder == root and not whole_root:
-            break
-        found = folder / MINE
-        if found.is_dir() and not found.is_symlink():
-            return found
-        if root is None or folder == root:
-            break
-    return None
+    folders = [nb.parent] if root is None else [
+        f for f in [nb.parent, *nb.parent.parents] if f.is_relative_to(root) and (f != root or whole_root)]
+    return next((f / MINE for f in folders if (f / MINE).is_dir() and not (f / MINE).is_symlink()), None)
 
 
 def collect(path: Path, lab: course_paths.Lab | None = None, workdir: Path | None = None,
@@ -149,12 +143,9 @@ def collect(path: Path, lab: course_paths.Lab | None = None, workdir: Path | Non
     return subs
 
 
-def snapshot_mine(mine: Path | None, dest: Path) -> tuple[Path | None, list[str]]:
+def snapshot_mine(mine: Path, dest: Path) -> list[str]:
     """Copy the saved modules of ``mine`` (regular files named labNN.py, each at most MINE_FILE_BYTES) into ``dest``,
-    readable by a sandbox's uid; returns (``dest``, a note for each file left out), or (None, []) for no ``mine``.
-    Nothing else of it reaches the sandbox."""
-    if mine is None:
-        return None, []
+    readable by a sandbox's uid; returns a note for each file left out. Nothing else of it reaches the sandbox."""
     dest.mkdir(parents=True)
     os.chmod(dest, 0o755)
     notes = []
@@ -168,7 +159,7 @@ def snapshot_mine(mine: Path | None, dest: Path) -> tuple[Path | None, list[str]
         else:
             shutil.copyfile(entry, dest / entry.name, follow_symlinks=False)
             os.chmod(dest / entry.name, 0o644)
-    return dest, notes
+    return notes
 
 
 def extract_zip(path: Path, target: Path) -> None:
@@ -189,7 +180,7 @@ def handed_in_mine(sub: Submission, dest: Path) -> tuple[Path | None, list[str]]
     notes its grade report carries; (None, []) for any other lab, or when none was handed in."""
     if sub.lab.name.split("_", 1)[0] not in MINE_LABS or sub.mine is None:
         return None, []  # (none handed in: the course's parts, as the test's output says; a note is for a problem)
-    copy, notes = snapshot_mine(sub.mine, dest)
-    modules = ", ".join(p.name for p in sorted(copy.iterdir())) or "no saved module (labNN.py)"
-    return copy, notes + [f"mine/ handed in ({modules}): Task 3 served every part of labs 01-09 they define that plugs "
+    notes = snapshot_mine(sub.mine, dest)
+    modules = ", ".join(p.name for p in sorted(dest.iterdir())) or "no saved module (labNN.py)"
+    return dest, notes + [f"mine/ handed in ({modules}): Task 3 served every part of labs 01-09 they define that plugs "
                           f"into the engine, as handed in, and the course's for the rest"]

@@ -297,7 +297,8 @@ def test_the_mine_handed_in_is_read_only_inside_and_named_by_its_variable(tmp_pa
     handed.mkdir(parents=True)
     (handed / "lab01.py").write_text("def sample(logits, params, position):\n    return 0\n")
     (handed / "lab01.status.json").write_text("{}")
-    copy, notes = snapshot_mine(handed, tmp_path / "grader" / "mine")
+    copy = tmp_path / "grader" / "mine"
+    notes = snapshot_mine(handed, copy)
     assert notes == [] and sorted(p.name for p in copy.iterdir()) == ["lab01.py"]
     with make_box(tmp_path / "box", mine=str(copy)) as sandbox:
         r = run_in(sandbox, f"""
