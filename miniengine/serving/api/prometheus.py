@@ -24,32 +24,29 @@ class ServerMetrics:
 
     def __init__(self, model_name: str):
         disable_created_metrics()  # the *_created series: vLLM leaves them out too
-        self.registry = r = CollectorRegistry()
-        label = ["model_name"]
-        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", label,
-                             registry=r).labels(model_name)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", label,
-                             registry=r).labels(model_name)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", label,
-                              registry=r).labels(model_name)
-        self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", label,
-                                   registry=r).labels(model_name)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", label,
-                                     registry=r).labels(model_name)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", label,
-                                         registry=r).labels(model_name)
+        self.registry = CollectorRegistry()
+
+        def series(kind, name: str, doc: str, **kw):  # one series of this server's model (vLLM's model_name label)
+            return kind(name, doc, ["model_name"], registry=self.registry, **kw).labels(model_name)
+
+        self.running = series(Gauge, "vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = series(Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = series(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.preemptions = series(Counter, "vllm:num_preemptions", "Cumulative number of preemptions from the engine.")
+        self.prompt_tokens = series(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = series(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          label + ["finished_reason"], registry=r)
+                          ["model_name", "finished_reason"], registry=self.registry)
         self.success = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              label, buckets=_TTFT, registry=r).labels(model_name)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             label, buckets=_TOKEN, registry=r).labels(model_name)
-        self.tpot = Histogram("vllm:time_per_output_token_seconds",
-                              "Histogram of time per output token in seconds (per request: its decode time over its "
-                              "tokens after the first).", label, buckets=_TOKEN, registry=r).labels(model_name)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
-                             label, buckets=_E2E, registry=r).labels(model_name)
+        self.ttft = series(Histogram, "vllm:time_to_first_token_seconds",
+                           "Histogram of time to first token in seconds.", buckets=_TTFT)
+        self.itl = series(Histogram, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                          buckets=_TOKEN)
+        self.tpot = series(Histogram, "vllm:time_per_output_token_seconds",
+                           "Histogram of time per output token in seconds (per request: its decode time over its "
+                           "tokens after the first).", buckets=_TOKEN)
+        self.e2e = series(Histogram, "vllm:e2e_request_latency_seconds",
+                          "Histogram of end to end request latency in seconds.", buckets=_E2E)
         self._preemptions_seen = 0
 
     def observe(self, running: int, waiting: int, kv_usage: float, preemptions: int) -> None:
