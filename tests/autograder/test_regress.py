@@ -54,6 +54,15 @@ def test_every_notebook_runs(tmp_path):
         found = answers_shown(json.loads((tmp_path / "build" / "regress" / row["notebook"]).read_text()), ahead)
         if found:
             printed[row["notebook"]] = found
+    # A wall-clock measurement can spell a graded number by chance: lecture 05's measured "1.67x" read as lab 06's
+    # SPEEDUP_DRAFT (1.674, from the cost model) and failed a CI run. An answer shown is the same on every run; a
+    # measurement is not. A lecture that shows one is run again, and only what both runs show counts.
+    for notebook, found in list(printed.items()):
+        again = tmp_path / "answers_again"
+        run_cli("regress", REPO / notebook, "--out", again, env=isolated_env(tmp_path), cwd=tmp_path, timeout=600)
+        second = answers_shown(json.loads((again / notebook).read_text()), numbers)
+        printed[notebook] = [name for name in found if name in second]
+    printed = {notebook: found for notebook, found in printed.items() if found}
     assert not printed, f"lectures show the graded numbers of their own or later labs: {printed}"
     passed = sum(row["status"] == "passed" for row in rows)
     assert (tmp_path / "build" / "regress" / "summary.md").read_text().count("| passed |") == passed
