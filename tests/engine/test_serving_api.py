@@ -137,3 +137,22 @@ def test_ctrl_c_lets_a_stream_in_flight_finish_then_the_server_exits_cleanly():
         assert proc.wait(30) == 0, proc.stderr.read()
     finally:
         proc.kill()
+
+
+def test_a_part_that_writes_to_stderr_on_every_step_never_blocks_the_server(tmp_path):
+    """spawned() sends the server's stderr to a file: a pipe that nobody reads fills at 64 KiB, and a plugged part
+    that logs on every step (here 8 KiB a call, 64 calls) would block the server in the middle of a request."""
+    import httpx
+
+    from miniengine.serving.api.launch import spawned
+
+    (tmp_path / "noisy.py").write_text(
+        "import sys\n"
+        "from miniengine.logits_processors import process_row as course\n"
+        "def process_row(logits, prompt_ids, output_ids, params):\n"
+        "    sys.stderr.write('x' * 8192 + '\\n')\n"
+        "    return course(logits, prompt_ids, output_ids, params)\n")
+    with spawned("--logits-processor", "noisy:process_row", cwd=tmp_path) as url:
+        body = {"model": "target", "prompt": "import os", "max_tokens": 64, "ignore_eos": True, "presence_penalty": 0.5}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 64, r.text

@@ -76,18 +76,24 @@ def spawned(*flags: str, startup_s: float = 120.0, threads: int | None = None, c
     once ``GET /health`` answers 200, and stops it on leaving (SIGINT, as Ctrl-C: in-flight requests may finish).
     ``threads``: torch threads in the server (OMP_NUM_THREADS); ``env``: more environment variables. A server that
     exits or stays silent raises RuntimeError with its last line on stderr."""
+    import tempfile
+
     import httpx
 
     port = free_port()
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **(env or {})}
+    # stderr goes to a file, not a pipe: nobody reads a pipe while the server runs, and a part that logs on every
+    # step (a student's logging.warning) would fill its 64 KiB and block the server mid-request.
+    stderr = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, "-m", "miniengine", "serve", "--port", str(port), *flags], cwd=cwd,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_s
         while True:
             if proc.poll() is not None:
-                said = (proc.stderr.read() or "").strip().splitlines()
+                stderr.seek(0)
+                said = stderr.read().strip().splitlines()
                 raise RuntimeError(f"`python -m miniengine serve {' '.join(flags)}` exited with status "
                                    f"{proc.returncode}: {said[-1] if said else 'nothing on stderr'}")
             with contextlib.suppress(httpx.HTTPError):
@@ -105,6 +111,7 @@ def spawned(*flags: str, startup_s: float = 120.0, threads: int | None = None, c
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        stderr.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
