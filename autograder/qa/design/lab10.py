@@ -9,7 +9,7 @@ files (data/golden/lab10_stops.json, autograder/hidden/lab10_stops.json).  Instr
 Every configuration runs through ``design.max_rate``, the harness's own run (the course's simulator, Llama-3-8B on a
 paper H100, 300 chat requests per trace with prompts capped at 4,096 tokens and predicted output lengths of noise 0.5,
 the rate ladder 10, 20, ..., 160 requests/s, SLO attainment pooled over the seeds of a rate, at least 90%).
-Measured 2026-12-05 (highest rate meeting the SLO, requests/s; visible: seeds 0 and 1; hidden: seeds 5 and 6):
+Measured 2026-12-04 (highest rate meeting the SLO, requests/s; visible: seeds 0 and 1; hidden: seeds 5 and 6):
 
     configuration                                                    visible  hidden
     EngineConfig defaults: 64 seats, 4,096 tokens, FCFS (baseline)         0       0
