@@ -149,11 +149,14 @@ class PagedKV:
     def append_slot(self, seq) -> None:
         copy = self.block_manager.append_slot(seq)
         if copy is not None:
-            src, dst = copy
-            bs = self.block_size
-            for pool in (self.pool_k, self.pool_v):  # every layer at once
-                pool[:, dst * bs:(dst + 1) * bs] = pool[:, src * bs:(src + 1) * bs]
+            self.copy_block(*copy)
             self.copies += 1
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block ``dst`` gets block ``src``'s K and V, in every layer at once."""
+        bs = self.block_size
+        for pool in (self.pool_k, self.pool_v):
+            pool[:, dst * bs:(dst + 1) * bs] = pool[:, src * bs:(src + 1) * bs]
 
     def cover(self, seq, num_positions: int) -> None:
         """Make seq's table cover ``num_positions`` positions, all writable from seq.num_tokens - 1 on

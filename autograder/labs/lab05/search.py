@@ -123,16 +123,9 @@ class SearchSession:
         """A new candidate with the same tokens and private copies of all of ``cand``'s blocks (no pass)."""
         parent = self._seq(cand)
         child = parent.fork(0, self._params)
-        bm, bs = self._kv.block_manager, self.block_size
-        table = []
-        for src in bm.block_tables[parent.seq_id]:
-            dst = bm.free_blocks.popleft()
-            bm.ref_count[dst] = 1
-            for pool in (self._kv.pool_k, self._kv.pool_v):
-                pool[:, dst * bs:(dst + 1) * bs] = pool[:, src * bs:(src + 1) * bs]
-            table.append(dst)
-        bm.block_tables[child.seq_id] = table
-        child.kv = self._kv
+        self._kv.allocate(child)  # a table of fresh blocks, as many as the parent's (the same tokens)
+        for src, dst in zip(self._kv.table(parent), self._kv.table(child), strict=True):
+            self._kv.copy_block(src, dst)
         return self._add(child)
 
     def extend(self, cands, tokens) -> np.ndarray:
