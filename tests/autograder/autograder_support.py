@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "autograder" / "fixtures" / "lab01"
+
+
+def notebook_cell(notebook: Path, grade_id: str) -> str:
+    """The source of the cell of ``notebook`` whose nbgrader grade_id is ``grade_id``."""
+    return next("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]
+                if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
 
 
 def isolated_env(work: Path) -> dict:

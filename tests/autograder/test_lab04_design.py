@@ -6,6 +6,7 @@ no grading pipeline: the pasted FCFS goodputs are the course's ContinuousBatchin
 on the visible traces with the margin the reference measured, and the planted bugs (a policy that starves, one that
 loses a request, FCFS itself) get the score and the message they should.
 """
+import functools
 import inspect
 import json
 import textwrap
@@ -15,6 +16,7 @@ import pytest
 from autograder.labs.lab04 import design
 from autograder.notebook_checks.ledger import credit
 from autograder.qa.design import lab04 as reference
+from autograder_support import notebook_cell
 from miniengine.engine.policy import Budget, ContinuousBatching
 from miniengine.paths import REPO_ROOT
 from miniengine.serving import metrics, simulator as sim
@@ -22,9 +24,7 @@ from miniengine.serving import metrics, simulator as sim
 LAB04 = REPO_ROOT / "labs" / "lab04_continuous_batching" / "lab04_continuous_batching.ipynb"
 
 
-def cell(grade_id: str) -> str:
-    return next("".join(c["source"]) for c in json.loads(LAB04.read_text())["cells"]
-                if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+cell = functools.partial(notebook_cell, LAB04)  # a cell's source by its grade_id
 
 
 def notebook_class(source: str, name: str = "SLOAwarePolicy"):

@@ -6,7 +6,7 @@ grading pipeline: the worked example's numbers, a leak and a pass outside the se
 autograder/qa/design/lab05.py meeting both targets on the visible prompts and the baseline and greedy decoding
 missing one, and the solution's completions equal to Lab 01's reference beam on every visible prompt.
 """
-import json
+import functools
 
 import numpy as np
 import pytest
@@ -17,6 +17,7 @@ from autograder.labs.lab01 import search as lab01
 from autograder.labs.lab05 import search
 from autograder.notebook_checks.ledger import credit
 from autograder.qa.design import lab01 as lab01_designs, lab05 as designs
+from autograder_support import notebook_cell
 from miniengine.attention import NoCacheBackend
 from miniengine.paths import REPO_ROOT
 
@@ -24,9 +25,7 @@ LAB05 = REPO_ROOT / "labs" / "lab05_paged_attention" / "lab05_paged_attention.ip
 BLOCKS_TARGET, BLOCKS_BASELINE, LL_TARGET = 14, 23, -1.0202  # the visible test cell's
 
 
-def cell(grade_id: str) -> str:
-    return next("".join(c["source"]) for c in json.loads(LAB05.read_text())["cells"]
-                if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+cell = functools.partial(notebook_cell, LAB05)  # a cell's source by its grade_id
 
 
 def notebook_function(source: str):

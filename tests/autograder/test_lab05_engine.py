@@ -5,20 +5,19 @@ golden requests; its completions share that last block and part at its third pos
 append_slot never copies (each completion writes into the shared block) passes the n = 1 requests alone, and fails
 once the fork rides along, naming the completion and the first differing token.
 """
-import json
+import functools
 
 import pytest
 
 import autograder.labs as labs
+from autograder_support import notebook_cell
 from miniengine.paths import REPO_ROOT
 
 LAB05 = REPO_ROOT / "labs" / "lab05_paged_attention" / "lab05_paged_attention.ipynb"
 NO_COW = "        return None  # planted: the writer keeps writing into the shared block"
 
 
-def cell(grade_id: str) -> str:
-    return next("".join(c["source"]) for c in json.loads(LAB05.read_text())["cells"]
-                if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+cell = functools.partial(notebook_cell, LAB05)  # a cell's source by its grade_id
 
 
 def notebook_parts(block_manager_source: str) -> dict:

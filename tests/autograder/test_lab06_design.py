@@ -6,6 +6,7 @@ pipeline: the solution cell's argument errors, its drafts equal to the reference
 model call or an over-long draft, and one run on the real engine clearing the targets with the margin the reference
 measured.
 """
+import functools
 import json
 
 import pytest
@@ -14,14 +15,13 @@ import torch
 from autograder.labs.lab06 import design
 from autograder.notebook_checks.ledger import credit
 from autograder.qa.design import lab06 as reference
+from autograder_support import notebook_cell
 from miniengine.paths import REPO_ROOT
 
 LAB06 = REPO_ROOT / "labs" / "lab06_speculative_decoding" / "lab06_speculative_decoding.ipynb"
 
 
-def cell(grade_id: str) -> str:
-    return next("".join(c["source"]) for c in json.loads(LAB06.read_text())["cells"]
-                if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+cell = functools.partial(notebook_cell, LAB06)  # a cell's source by its grade_id
 
 
 def solution_class():

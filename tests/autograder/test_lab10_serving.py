@@ -8,6 +8,7 @@ one token late, is a streaming client that rebuilds the text from the token ids 
 string goes on past it): it passes every case without a stop string and fails the stop-string cases, in the kernel
 with the character where the texts part, and at the grader (hidden_outputs.compare) without showing the reference.
 """
+import functools
 import json
 
 import pytest
@@ -15,15 +16,14 @@ import pytest
 from autograder import hidden_outputs
 from autograder.labs.lab10 import common, design
 from autograder.qa.design import lab10 as reference
+from autograder_support import notebook_cell
 from miniengine.paths import REPO_ROOT
 
 LAB10 = REPO_ROOT / "labs" / "lab10_capstone" / "lab10_capstone.ipynb"
 STOPS = REPO_ROOT / "data" / "golden" / "lab10_stops.json"
 
 
-def cell(grade_id: str) -> str:
-    return next("".join(c["source"]) for c in json.loads(LAB10.read_text())["cells"]
-                if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+cell = functools.partial(notebook_cell, LAB10)  # a cell's source by its grade_id
 
 
 def given(cell_id: str) -> str:
