@@ -379,3 +379,12 @@ def test_graded_task_3_without_a_mine_serves_the_courses_parts_and_says_so(lab, 
     assert lab.check_served(ns["serve_flags"], few) == 6
     out = capsys.readouterr().out
     assert "--sampler" not in out and "no mine/ was handed in with this notebook: every part served was the course's" in out
+
+
+def test_the_recap_names_every_plug_field():
+    """The recap lists the fields whose flag takes a value; it fell behind once, when Task 4 added two plug points."""
+    from miniengine.serving.api.launch import PLUGS
+
+    recap = next("".join(c["source"]) for c in json.loads(LAB10.read_text())["cells"]
+                 if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("## Recap"))
+    assert not [name for name in PLUGS if f"`{name}`" not in recap]
